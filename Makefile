@@ -1,0 +1,34 @@
+# `make demo` and `make test` work on a fresh machine: both create .venv first (idempotent).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_DIR := artifacts/policy-value-heads
+
+.PHONY: venv demo test test-all bench clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: it is the local CPU build; the range in pyproject then installs nothing more.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[cpu,dev]"
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/rlopt compile recipes/policy_value_heads.yaml -o $(DEMO_DIR)
+	$(BIN)/rlopt verify $(DEMO_DIR)
+
+test: venv
+	$(BIN)/python -m pytest -q -m "not slow and not gpu"
+
+test-all: venv
+	$(BIN)/python -m pytest -q -m "not gpu"
+
+bench: venv
+	$(BIN)/python scripts/bench.py --out bench-results.json
+
+clean:
+	rm -rf artifacts .pytest_cache

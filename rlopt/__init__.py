@@ -1,0 +1,20 @@
+"""rlopt: compile RL policy and value networks into verified, deployable artifacts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from rlopt.runtime import Session
+
+
+def load(model_dir: Any, network: str, backend: str = "auto") -> Session:
+    """Load one network of a compiled MODEL_DIR (see rlopt.runtime.load)."""
+    from rlopt.runtime import load as _load
+
+    return _load(model_dir, network, backend)
+
+
+__all__ = ["load", "__version__"]

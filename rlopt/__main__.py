@@ -1,0 +1,3 @@
+from rlopt.cli import main
+
+main()

@@ -1,0 +1,35 @@
+"""Facts about this machine, read without importing any heavy module."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+
+def gpu_absent_reason() -> str | None:
+    """None when an NVIDIA GPU is visible, else the reason it is not (checked without CUDA libraries)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return "CUDA_VISIBLE_DEVICES hides every GPU"
+    if not Path("/dev/nvidiactl").exists() and not any(Path("/dev").glob("nvidia[0-9]*")):
+        return "no NVIDIA GPU on this machine (/dev/nvidia* absent)"
+    if shutil.which("nvidia-smi") is None and not Path("/proc/driver/nvidia/version").exists():
+        return "no NVIDIA driver on this machine"
+    return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_facts() -> dict[str, Any]:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "gpu": gpu_absent_reason() is None}

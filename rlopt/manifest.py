@@ -1,0 +1,212 @@
+"""manifest.json (contract section 3): the only thing the runtime reads to find and trust artifacts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlopt.errors import ArtifactError, located
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputProfile(_Model):
+    dtype: str
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+
+class FileRecord(_Model):
+    path: str
+    sha256: str
+    bytes: int
+
+
+class OutputParity(_Model):
+    name: str
+    max_abs: float
+    max_rel: float
+    needed_atol: float
+    passed: bool
+    kl: float | None = None
+    argmax_agree: float | None = None
+    reason: str = ""
+
+
+class Parity(_Model):
+    passed: bool
+    max_abs: float
+    max_rel: float
+    kl: float | None = None
+    argmax_agree: float | None = None
+    compared: int
+    shapes: list[str]
+    outputs: list[OutputParity]
+
+
+class Latency(_Model):
+    shape: dict[str, list[int]]
+    p50: float
+    p99: float
+    iterations: int
+
+
+class BackendRecord(_Model):
+    """A built artifact with its parity and latency, or `skipped` with the reason."""
+
+    path: str | None = None
+    sha256: str | None = None
+    bytes: int | None = None
+    parity: Parity | None = None
+    latency_us: dict[str, Latency] = Field(default_factory=dict)
+    facts: dict[str, Any] = Field(default_factory=dict)
+    skipped: str | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.skipped is None and self.path is not None
+
+    @property
+    def verified(self) -> bool:
+        return self.built and self.parity is not None and self.parity.passed
+
+
+class NetworkRecord(_Model):
+    kind: str
+    distribution: str = "categorical"
+    module: str
+    inputs: dict[str, InputProfile]
+    outputs: list[str]
+    precision: str
+    tolerance: dict[str, float]
+    reference: FileRecord
+    files: dict[str, FileRecord] = Field(default_factory=dict)
+    artifacts: dict[str, BackendRecord]
+    selected: str | None = None
+    stages: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Manifest(_Model):
+    schema_version: int
+    name: str
+    rlopt_version: str
+    created_at: str
+    versions: dict[str, str | None]
+    machine: dict[str, Any]
+    recipe_sha256: str
+    recipe: FileRecord
+    networks: dict[str, NetworkRecord]
+    content_sha256: str = ""
+
+    def seal(self) -> Manifest:
+        """Fill `content_sha256` so that a flipped byte in manifest.json itself is caught."""
+        self.content_sha256 = self.compute_content_sha256()
+        return self
+
+    def compute_content_sha256(self) -> str:
+        body = self.model_dump(mode="json", exclude={"content_sha256"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def network(self, name: str, model_dir: Path) -> NetworkRecord:
+        if name not in self.networks:
+            known = ", ".join(sorted(self.networks))
+            raise ArtifactError(
+                located(model_dir / MANIFEST_NAME, "networks", f"no network '{name}'", f"use one of: {known}")
+            )
+        return self.networks[name]
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_record(model_dir: Path, path: Path) -> FileRecord:
+    return FileRecord(
+        path=path.relative_to(model_dir).as_posix(), sha256=sha256_file(path), bytes=path.stat().st_size
+    )
+
+
+def confined(model_dir: Path, relative: str) -> Path:
+    """Resolve a manifest path, refusing anything that escapes MODEL_DIR (`../../x.so`, absolute paths, links out)."""
+    root = model_dir.resolve()
+    candidate = (root / relative).resolve()
+    if os.path.isabs(relative) or not candidate.is_relative_to(root):
+        raise ArtifactError(
+            located(model_dir / MANIFEST_NAME, f"path '{relative}'", "points outside MODEL_DIR",
+                    "recompile; never hand-edit manifest paths")
+        )
+    return candidate
+
+
+def checked_file(model_dir: Path, record: FileRecord | BackendRecord) -> Path:
+    """The file behind a record, after its size and sha256 match: nothing is loaded before this."""
+    assert record.path is not None
+    path = confined(model_dir, record.path)
+    if not path.is_file():
+        raise ArtifactError(located(path, "", "artifact listed in manifest.json is missing", "recompile MODEL_DIR"))
+    if path.stat().st_size != record.bytes or sha256_file(path) != record.sha256:
+        raise ArtifactError(
+            located(path, "sha256", "does not match manifest.json (corrupt or modified)", "recompile MODEL_DIR")
+        )
+    return path
+
+
+def read_manifest(model_dir: Path | str) -> Manifest:
+    """Read and check manifest.json; every problem is one ArtifactError line."""
+    model_dir = Path(model_dir)
+    path = model_dir / MANIFEST_NAME
+    if not model_dir.is_dir():
+        raise ArtifactError(located(model_dir, "", "MODEL_DIR not found", "run 'rlopt compile RECIPE -o DIR' first"))
+    if not path.is_file():
+        raise ArtifactError(
+            located(path, "", "missing: not a complete rlopt MODEL_DIR", "run 'rlopt compile RECIPE -o DIR'")
+        )
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(located(path, "", f"not valid JSON ({exc})", "recompile MODEL_DIR")) from None
+    if not isinstance(document, dict):
+        raise ArtifactError(located(path, "", "not a JSON object", "recompile MODEL_DIR"))
+    version = document.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
+        raise ArtifactError(
+            located(path, "schema_version", f"{version!r} is not supported (this rlopt reads {SCHEMA_VERSION})",
+                    "recompile with this rlopt, or upgrade rlopt")
+        )
+    try:
+        manifest = Manifest.model_validate(document)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ArtifactError(located(path, field, str(err["msg"]), "recompile MODEL_DIR")) from None
+    if manifest.content_sha256 != manifest.compute_content_sha256():
+        raise ArtifactError(
+            located(path, "content_sha256", "manifest.json was modified after it was written", "recompile MODEL_DIR")
+        )
+    return manifest
+
+
+def write_json(path: Path, document: Any) -> None:
+    """Write a JSON file atomically (temp file in the same folder, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,266 @@
+"""The recipe (contract section 1): parsed from YAML, validated by pydantic, defaults filled.
+
+Every problem becomes one `RecipeError` line naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rlopt.errors import RecipeError, located
+
+BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
+DTYPES: tuple[str, ...] = ("float32", "float16", "int64", "int32", "uint8", "bool")
+NAME_PATTERN = r"^[a-z0-9_-]+$"
+
+Backend = Literal["torchscript", "onnxruntime", "tvm", "tensorrt"]
+DType = Literal["float32", "float16", "int64", "int32", "uint8", "bool"]
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
+Kind = Literal["policy", "value", "generic"]
+PROFILE_POINTS: tuple[str, ...] = ("min", "opt", "max")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class InputSpec(_Strict):
+    """One network input: a dtype and either a static `shape` or a min/opt/max profile."""
+
+    dtype: DType = "float32"
+    shape: list[int] | None = None
+    min: list[int] | None = None
+    opt: list[int] | None = None
+    max: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _profile(self) -> InputSpec:
+        given = [p for p in PROFILE_POINTS if getattr(self, p) is not None]
+        if self.shape is not None:
+            if given:
+                raise ValueError("give either 'shape' (static) or 'min'/'opt'/'max' (dynamic), not both")
+            self.min, self.opt, self.max = list(self.shape), list(self.shape), list(self.shape)
+        elif len(given) != 3:
+            missing = [p for p in PROFILE_POINTS if p not in given]
+            raise ValueError(f"missing {', '.join(missing)}: give all of min, opt and max, or 'shape'")
+        assert self.min is not None and self.opt is not None and self.max is not None
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise ValueError(
+                f"rank mismatch: min has {len(self.min)} dims, opt {len(self.opt)}, max {len(self.max)}"
+            )
+        for axis, (lo, mid, hi) in enumerate(zip(self.min, self.opt, self.max)):
+            if lo < 1:
+                raise ValueError(f"dim {axis} is {lo}; every dim must be >= 1")
+            if not lo <= mid <= hi:
+                raise ValueError(f"dim {axis} needs min <= opt <= max, got {lo} <= {mid} <= {hi}")
+        self.shape = None
+        return self
+
+    def dims(self, point: str) -> list[int]:
+        value = getattr(self, point)
+        assert value is not None
+        return list(value)
+
+    @property
+    def dynamic_axes(self) -> list[int]:
+        assert self.min is not None and self.max is not None
+        return [i for i, (lo, hi) in enumerate(zip(self.min, self.max)) if lo != hi]
+
+
+class NetworkSpec(_Strict):
+    """One network compiled on its own: a submodule of the model, its inputs and outputs."""
+
+    module: str = ""
+    kind: Kind = "generic"
+    distribution: Literal["categorical", "gaussian"] = "categorical"
+    inputs: dict[str, InputSpec]
+    outputs: list[str]
+    precision: Precision = "fp32"
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: dict[str, InputSpec]) -> dict[str, InputSpec]:
+        if not value:
+            raise ValueError("a network needs at least one input")
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("a network needs at least one output name")
+        if len(set(value)) != len(value):
+            raise ValueError(f"output names must be unique, got {value}")
+        return value
+
+
+class ModelSpec(_Strict):
+    factory: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    checkpoint: str | None = None
+    seed: int = 0
+
+    @field_validator("factory")
+    @classmethod
+    def _factory(cls, value: str) -> str:
+        target, sep, attr = value.rpartition(":")
+        if not sep or not target or not attr:
+            raise ValueError(
+                f"'{value}' is not 'pkg.module:callable' or 'path/to/file.py:callable'"
+            )
+        return value
+
+
+class TvmConfig(_Strict):
+    target: dict[str, Any] = Field(default_factory=lambda: {"kind": "llvm"})
+    tune_trials: int = Field(default=0, ge=0)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "kind" not in value:
+            raise ValueError("a TVM target dict needs 'kind', e.g. {kind: llvm} or {kind: cuda, arch: sm_86}")
+        return value
+
+
+class TensorRTConfig(_Strict):
+    precision: Precision = "fp32"
+    refittable: bool = False
+    workspace_mb: int = Field(default=1024, gt=0)
+    builder_optimization_level: int = Field(default=3, ge=0, le=5)
+    timing_cache: str | None = None
+    build_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+class OnnxConfig(_Strict):
+    opset: int = Field(default=17, ge=13, le=21)
+
+
+class OnnxRuntimeConfig(_Strict):
+    providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"])
+
+
+class VerifyConfig(_Strict):
+    samples: int = Field(default=32, ge=1, le=1024)
+    atol: float = Field(default=1.0e-4, ge=0)
+    rtol: float = Field(default=1.0e-3, ge=0)
+    max_kl: float = Field(default=1.0e-4, ge=0)
+    seed: int = 0
+
+
+class Recipe(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    model: ModelSpec
+    networks: dict[str, NetworkSpec]
+    backends: list[Backend] = Field(default_factory=lambda: list(BACKENDS))
+    pad_gemm: int | Literal["auto"] = "auto"
+    onnx: OnnxConfig = Field(default_factory=OnnxConfig)
+    onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    tvm: TvmConfig = Field(default_factory=TvmConfig)
+    tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+
+    @field_validator("networks")
+    @classmethod
+    def _networks(cls, value: dict[str, NetworkSpec]) -> dict[str, NetworkSpec]:
+        import re
+
+        if not value:
+            raise ValueError("a recipe needs at least one network")
+        for name in value:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"network name '{name}' must match {NAME_PATTERN} (it names a folder)")
+        return value
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("list at least one backend")
+        return list(dict.fromkeys(value))
+
+    @field_validator("pad_gemm")
+    @classmethod
+    def _pad(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("pad_gemm must be 0 (off), a positive multiple, or auto")
+        return value
+
+    def resolved_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.resolved_yaml().encode()).hexdigest()
+
+
+_FIXES: dict[str, str] = {
+    "extra_forbidden": "remove it or check its spelling",
+    "missing": "add it",
+    "literal_error": "use one of the listed values",
+    "string_pattern_mismatch": "use only lowercase letters, digits, '_' and '-'",
+    "int_parsing": "give a whole number",
+    "int_type": "give a whole number",
+    "float_parsing": "give a number",
+    "float_type": "give a number",
+    "list_type": "give a list, e.g. [1, 1, 768]",
+    "dict_type": "give a mapping",
+    "model_type": "give a mapping",
+    "string_type": "give a string",
+    "bool_type": "give true or false",
+    "greater_than_equal": "raise it",
+    "greater_than": "raise it",
+    "less_than_equal": "lower it",
+}
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[")))
+
+
+def explain_validation_error(file: Path | str, exc: ValidationError) -> str:
+    """The first pydantic error as one located line."""
+    err = exc.errors()[0]
+    field = _field_path(tuple(err["loc"])) or "(top level)"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    fix = _FIXES.get(err["type"], "correct the value as the message says")
+    if err["type"] == "value_error":
+        fix = "see the message"
+    return located(file, field, message, fix)
+
+
+def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """Read a YAML (or JSON) file that must hold a mapping; every failure is one RecipeError line."""
+    if not path.is_file():
+        raise RecipeError(located(path, "", f"{what} not found", "check the path"))
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise RecipeError(located(path, "", "not UTF-8 text", f"give a YAML {what}")) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(parse)"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError(located(path, where, f"invalid YAML: {problem}", "fix the syntax there")) from None
+    if not isinstance(document, dict):
+        raise RecipeError(
+            located(path, "(top level)", f"expected a mapping, got {type(document).__name__}",
+                    f"write the {what} as 'key: value' fields")
+        )
+    return document
+
+
+def load_recipe(path: Path | str) -> Recipe:
+    """Parse and validate a recipe file."""
+    path = Path(path)
+    document = load_yaml_mapping(path, "recipe")
+    try:
+        return Recipe.model_validate(document)
+    except ValidationError as exc:
+        raise RecipeError(explain_validation_error(path, exc)) from None

@@ -1,0 +1,137 @@
+"""`rlopt.load` and `Session` (contract section 5). Reads only manifest.json; imports no compile code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlopt.errors import ArtifactError, UsageError, located
+from rlopt.manifest import MANIFEST_NAME, InputProfile, Manifest, NetworkRecord, checked_file, read_manifest
+from rlopt.runtime.backends import Runner, open_runner, unavailable_reason
+
+KNOWN_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
+
+
+def check_feeds(feeds: dict[str, Any], profiles: dict[str, InputProfile]) -> dict[str, np.ndarray]:
+    """Inputs must match names, dtype, rank and every dim in [min, max]; else a ValueError naming the input."""
+    if not isinstance(feeds, dict):
+        raise ValueError(f"Session.run takes a dict of input name -> numpy array, got {type(feeds).__name__}")
+    unknown = sorted(set(feeds) - set(profiles))
+    missing = sorted(set(profiles) - set(feeds))
+    if unknown or missing:
+        raise ValueError(
+            f"inputs {sorted(feeds)} do not match the network's inputs {sorted(profiles)}"
+            + (f"; unknown: {unknown}" if unknown else "")
+            + (f"; missing: {missing}" if missing else "")
+        )
+    checked: dict[str, np.ndarray] = {}
+    for name, profile in profiles.items():
+        value = feeds[name]
+        if not isinstance(value, np.ndarray):
+            raise ValueError(f"input '{name}': expected a numpy array, got {type(value).__name__}")
+        expected = np.dtype(profile.dtype)
+        if value.dtype != expected:
+            order = " (big-endian)" if value.dtype.byteorder == ">" else ""
+            raise ValueError(
+                f"input '{name}': dtype {value.dtype.str}{order} but the network takes {profile.dtype}; "
+                f"fix: x.astype(np.{profile.dtype})"
+            )
+        if value.ndim != len(profile.min):
+            raise ValueError(
+                f"input '{name}': rank {value.ndim} (shape {list(value.shape)}) but the network takes rank "
+                f"{len(profile.min)}, between {profile.min} and {profile.max}"
+            )
+        for axis, (dim, lo, hi) in enumerate(zip(value.shape, profile.min, profile.max)):
+            if not lo <= dim <= hi:
+                raise ValueError(
+                    f"input '{name}': shape {list(value.shape)} is outside the compiled profile: dim {axis} is "
+                    f"{dim}, allowed [{lo}, {hi}] (min {profile.min}, max {profile.max})"
+                )
+        checked[name] = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+    return checked
+
+
+class Session:
+    """A loaded network on one backend. `run` checks inputs first, so a bad shape never reaches a backend."""
+
+    def __init__(self, runner: Runner, network: str, backend: str, record: NetworkRecord) -> None:
+        self._runner = runner
+        self.network = network
+        self.backend = backend
+        self.inputs: dict[str, InputProfile] = dict(record.inputs)
+        self.outputs: list[str] = list(record.outputs)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = self._runner.infer(check_feeds(feeds, self.inputs))
+        return dict(zip(self.outputs, results))
+
+    def close(self) -> None:
+        self._runner.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session(network={self.network!r}, backend={self.backend!r})"
+
+
+def ranked_backends(record: NetworkRecord) -> list[str]:
+    """Verified backends, fastest first at the opt shape (the manifest's `selected` leads)."""
+
+    def opt_p50(name: str) -> float:
+        latency = record.artifacts[name].latency_us.get("opt")
+        return latency.p50 if latency else float("inf")
+
+    verified = sorted((n for n, r in record.artifacts.items() if r.verified), key=opt_p50)
+    if record.selected in verified:
+        verified.remove(record.selected)
+        verified.insert(0, record.selected)
+    return verified
+
+
+def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: str) -> str:
+    record = manifest.network(network, model_dir)
+    if backend == "auto":
+        reasons = []
+        for name in ranked_backends(record):
+            reason = unavailable_reason(name, record.artifacts[name].facts)
+            if reason is None:
+                return name
+            reasons.append(f"{name}: {reason}")
+        raise ArtifactError(
+            located(model_dir / MANIFEST_NAME, f"networks.{network}", "no verified backend can run on this machine"
+                    + (f" ({'; '.join(reasons)})" if reasons else ""), "recompile on this machine")
+        )
+    if backend not in KNOWN_BACKENDS:
+        raise UsageError(f"backend '{backend}' is unknown; fix: use auto or one of {', '.join(KNOWN_BACKENDS)}")
+    artifact = record.artifacts.get(backend)
+    if artifact is None:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}.artifacts",
+                                    f"backend '{backend}' was not compiled", "add it to the recipe's backends"))
+    if artifact.skipped:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}.artifacts.{backend}",
+                                    f"skipped at compile time: {artifact.skipped}", "use another backend or auto"))
+    if not artifact.verified:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}.artifacts.{backend}",
+                                    "failed verification at compile time", "fix the parity failure and recompile"))
+    return backend
+
+
+def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
+    """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    name = resolve_backend(manifest, model_dir, network, backend)
+    record = manifest.networks[network]
+    artifact = record.artifacts[name]
+    path = checked_file(model_dir, artifact)
+    runner = open_runner(name, path, list(record.inputs), artifact.facts)
+    return Session(runner, network, name, record)
+
+
+__all__ = ["Session", "load", "check_feeds", "ranked_backends", "KNOWN_BACKENDS"]

@@ -1,0 +1,37 @@
+"""Stage 1: torch.jit.script the network's submodule, keeping data-dependent branches."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from rlopt.errors import StageError, located
+from rlopt.lazy import require
+from rlopt.stages.base import StageOutput
+
+_LOCATION = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def describe_script_error(exc: BaseException) -> str:
+    """TorchScript errors span many lines; keep the construct and where it is."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    construct = lines[0] if lines else type(exc).__name__
+    where = _LOCATION.findall(str(exc))
+    if where:
+        file, line = where[-1]
+        construct += f" (at {Path(file).name}:{line})"
+    return construct.rstrip(":")
+
+
+def script_network(module: Any, out_path: Path, *, recipe_path: Path, network: str, module_path: str) -> StageOutput:
+    torch = require("torch")
+    try:
+        scripted = torch.jit.script(module)
+    except Exception as exc:  # torch.jit raises NotSupportedError, RuntimeError, OSError, TypeError ...
+        raise StageError(located(recipe_path, f"networks.{network}.module",
+                                 f"'{module_path or '(whole model)'}' cannot be scripted: {describe_script_error(exc)}",
+                                 "make forward TorchScript-compatible (type-annotate, avoid unsupported Python)")) from None
+    scripted.save(str(out_path))
+    graph_text = str(scripted.graph)
+    return StageOutput(out_path, {"branches": graph_text.count("prim::If"), "torch": torch.__version__})
