@@ -160,10 +160,28 @@ def checked_file(model_dir: Path, record: FileRecord | BackendRecord) -> Path:
     if not path.is_file():
         raise ArtifactError(located(path, "", "artifact listed in manifest.json is missing", "recompile MODEL_DIR"))
     if path.stat().st_size != record.bytes or sha256_file(path) != record.sha256:
-        raise ArtifactError(
-            located(path, "sha256", "does not match manifest.json (corrupt or modified)", "recompile MODEL_DIR")
-        )
+        raise _mismatch(path)
     return path
+
+
+def _mismatch(path: Path) -> ArtifactError:
+    return ArtifactError(located(path, "sha256", "does not match manifest.json (corrupt or modified)",
+                                 "recompile MODEL_DIR"))
+
+
+def checked_private_copy(model_dir: Path, record: FileRecord | BackendRecord, folder: Path) -> Path:
+    """Copy a native artifact (.so, engine) into `folder` and check the COPY's sha256.
+
+    What gets loaded is then exactly what was hashed: no window between check and load, and
+    rewriting the file in MODEL_DIR later cannot change code that a process has mapped.
+    """
+    source = checked_file(model_dir, record)
+    data = source.read_bytes()
+    if hashlib.sha256(data).hexdigest() != record.sha256:
+        raise _mismatch(source)
+    copy = folder / source.name
+    copy.write_bytes(data)
+    return copy
 
 
 def read_manifest(model_dir: Path | str) -> Manifest:

@@ -230,10 +230,15 @@ class _Network:
             base.skipped = str(exc)
             return base, None
         try:
-            parity = self.timed(f"verify {backend}",
-                                lambda: check_parity(runner.infer, reference, self.spec.kind,
-                                                     self.spec.distribution, tol),
-                                lambda p: ("ok" if p.passed else "FAILED") + f" max_abs {p.max_abs:.2e}")
+            try:
+                parity = self.timed(f"verify {backend}",
+                                    lambda: check_parity(runner.infer, reference, self.spec.kind,
+                                                         self.spec.distribution, tol),
+                                    lambda p: ("ok" if p.passed else "FAILED") + f" max_abs {p.max_abs:.2e}")
+            except Exception as exc:  # the backend itself failed on recorded inputs: a verification failure
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                base.facts["verify_error"] = f"{type(exc).__name__}: {first}"
+                return base, f"{self.name}/{backend}: running the artifact raised {type(exc).__name__}: {first}"
             base.parity = parity
             if not parity.passed:
                 return base, f"{self.name}/{backend}: parity failed (max_abs {parity.max_abs:.3g})"

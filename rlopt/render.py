@@ -21,7 +21,7 @@ class ProgressReporter:
     def __init__(self, console: Console = stderr) -> None:
         self.rows: list[tuple[str, str, str, float, str]] = []
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                  console=console, transient=False)
+                                  console=console, transient=True)
         self._tasks: dict[tuple[str, str], Any] = {}
 
     def __enter__(self) -> ProgressReporter:

@@ -12,7 +12,8 @@ from rlopt.errors import ArtifactError, BackendUnavailable
 from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read_manifest
 from rlopt.parity import ParityAccumulator, Tolerance
 from rlopt.reference import Reference
-from rlopt.runtime.backends import open_runner, unavailable_reason
+from rlopt.runtime import open_artifact
+from rlopt.runtime.backends import unavailable_reason
 
 
 def check_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Reference, kind: str,
@@ -75,7 +76,7 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
             if not artifact.built:
                 continue
             try:
-                path = checked_file(model_dir, artifact)
+                checked_file(model_dir, artifact)
             except ArtifactError as exc:
                 report.findings.append(Finding(name, backend, False, str(exc)))
                 continue
@@ -89,7 +90,7 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
             reference = Reference.load(checked_file(model_dir, network.reference), list(network.inputs),
                                        network.outputs)
             try:
-                runner = open_runner(backend, path, list(network.inputs), artifact.facts)
+                runner = open_artifact(model_dir, backend, artifact, list(network.inputs))
             except (ArtifactError, BackendUnavailable) as exc:
                 report.findings.append(Finding(name, backend, False, str(exc)))
                 continue

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rlopt.errors import ArtifactError, UsageError, located
-from rlopt.manifest import MANIFEST_NAME, InputProfile, Manifest, NetworkRecord, checked_file, read_manifest
+from rlopt.manifest import (
+    MANIFEST_NAME,
+    BackendRecord,
+    InputProfile,
+    Manifest,
+    NetworkRecord,
+    checked_file,
+    checked_private_copy,
+    read_manifest,
+)
 from rlopt.runtime.backends import Runner, open_runner, unavailable_reason
 
 KNOWN_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
+NATIVE_BACKENDS: tuple[str, ...] = ("tvm", "tensorrt")
 
 
 def check_feeds(feeds: dict[str, Any], profiles: dict[str, InputProfile]) -> dict[str, np.ndarray]:
@@ -122,6 +133,15 @@ def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: 
     return backend
 
 
+def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_names: list[str]) -> Runner:
+    """Open a backend's artifact after its sha256 matches; native code is loaded from a checked private copy."""
+    if backend in NATIVE_BACKENDS:
+        with tempfile.TemporaryDirectory(prefix="rlopt-load-") as private:
+            return open_runner(backend, checked_private_copy(model_dir, artifact, Path(private)), input_names,
+                               artifact.facts)
+    return open_runner(backend, checked_file(model_dir, artifact), input_names, artifact.facts)
+
+
 def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
     model_dir = Path(model_dir)
@@ -129,9 +149,7 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     name = resolve_backend(manifest, model_dir, network, backend)
     record = manifest.networks[network]
     artifact = record.artifacts[name]
-    path = checked_file(model_dir, artifact)
-    runner = open_runner(name, path, list(record.inputs), artifact.facts)
-    return Session(runner, network, name, record)
+    return Session(open_artifact(model_dir, name, artifact, list(record.inputs)), network, name, record)
 
 
-__all__ = ["Session", "load", "check_feeds", "ranked_backends", "KNOWN_BACKENDS"]
+__all__ = ["Session", "load", "open_artifact", "check_feeds", "ranked_backends", "KNOWN_BACKENDS"]

@@ -24,9 +24,10 @@ class Runner(Protocol):
 
 
 def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, (tuple, list)):
-        return [leaf for item in value for leaf in _flatten(item)]
-    return [value]
+    """Tensors are leaves; tuples, lists and TVM Arrays of them are flattened in order."""
+    if hasattr(value, "numpy") or not hasattr(value, "__iter__"):
+        return [value]
+    return [leaf for item in value for leaf in _flatten(item)]
 
 
 class TorchScriptRunner:
@@ -44,7 +45,7 @@ class TorchScriptRunner:
         torch = self._torch
         with torch.inference_mode():
             result = self._module(*[torch.from_numpy(feeds[name]) for name in self._names])
-        return [t.numpy() for t in _flatten(result)]
+        return [t.detach().numpy() for t in _flatten(result)]
 
     def close(self) -> None:
         self._module = None

@@ -28,10 +28,10 @@ def script_network(module: Any, out_path: Path, *, recipe_path: Path, network: s
     torch = require("torch")
     try:
         scripted = torch.jit.script(module)
+        scripted.save(str(out_path))
     except Exception as exc:  # torch.jit raises NotSupportedError, RuntimeError, OSError, TypeError ...
         raise StageError(located(recipe_path, f"networks.{network}.module",
                                  f"'{module_path or '(whole model)'}' cannot be scripted: {describe_script_error(exc)}",
                                  "make forward TorchScript-compatible (type-annotate, avoid unsupported Python)")) from None
-    scripted.save(str(out_path))
     graph_text = str(scripted.graph)
     return StageOutput(out_path, {"branches": graph_text.count("prim::If"), "torch": torch.__version__})

@@ -1,0 +1,184 @@
+"""compile -> MODEL_DIR -> verify -> load, in process and through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlopt
+from rlopt.errors import ArtifactError
+from rlopt.manifest import MANIFEST_NAME, read_manifest
+from rlopt.verify import verify_model_dir
+from tests.conftest import assert_one_line_error, run_rlopt, write_tiny_recipe
+
+CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
+
+
+def test_manifest_layout(tiny_compiled: Path) -> None:
+    manifest = read_manifest(tiny_compiled)
+    assert manifest.schema_version == 1 and manifest.name == "tiny-heads" and len(manifest.recipe_sha256) == 64
+    assert manifest.versions["torch"] and manifest.versions["onnx"] and manifest.versions["apache-tvm"]
+    assert (tiny_compiled / "recipe.yaml").is_file()
+    policy = manifest.networks["policy"]
+    assert policy.inputs["input0"].min == [1, 1, 32] and policy.outputs == ["logits"]
+    assert policy.artifacts["torchscript"].path == "policy/model.ts"
+    assert policy.artifacts["onnxruntime"].path == "policy/model.onnx"
+    assert policy.artifacts["tvm"].path == "policy/tvm-llvm.so"
+    assert "NVIDIA GPU" in (policy.artifacts["tensorrt"].skipped or "")
+    for backend in CPU_BACKENDS:
+        record = policy.artifacts[backend]
+        assert record.verified and record.parity.compared == 12
+        assert record.parity.kl is not None and record.parity.argmax_agree == 1.0
+        assert set(record.latency_us) == {"min", "opt", "max"}
+        assert all(lat.p50 > 0 and lat.p99 >= lat.p50 for lat in record.latency_us.values())
+    assert policy.selected in CPU_BACKENDS
+    assert policy.artifacts["tvm"].facts["fused_kernels"]
+    assert manifest.networks["value"].artifacts["onnxruntime"].parity.kl is None
+    assert not list(tiny_compiled.parent.glob(".*partial*")), "no staging directory left behind"
+
+
+def test_load_every_backend_and_auto(tiny_compiled: Path) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    outputs = {}
+    for backend in CPU_BACKENDS:
+        with rlopt.load(tiny_compiled, "policy", backend=backend) as session:
+            outputs[backend] = session.run({"input0": x})["logits"]
+    for backend in CPU_BACKENDS:
+        np.testing.assert_allclose(outputs[backend], outputs["torchscript"], atol=1e-5)
+    session = rlopt.load(tiny_compiled, "policy")
+    assert session.backend == read_manifest(tiny_compiled).networks["policy"].selected
+    single = session.run({"input0": x[:1, :1]})["logits"]
+    np.testing.assert_allclose(single, outputs["torchscript"][:1, :1], atol=1e-5)
+
+
+def test_load_refuses_skipped_unknown_and_missing(tiny_compiled: Path) -> None:
+    with pytest.raises(ArtifactError, match="skipped at compile time"):
+        rlopt.load(tiny_compiled, "policy", backend="tensorrt")
+    with pytest.raises(ArtifactError, match="no network 'critic'"):
+        rlopt.load(tiny_compiled, "critic")
+    with pytest.raises(rlopt.errors.UsageError, match="unknown"):
+        rlopt.load(tiny_compiled, "policy", backend="tflite")
+    with pytest.raises(ArtifactError, match="MODEL_DIR not found"):
+        rlopt.load(tiny_compiled.parent / "absent", "policy")
+
+
+def test_verify_passes_then_names_each_flipped_file(tiny_copy: Path) -> None:
+    assert verify_model_dir(tiny_copy).passed
+    targets = ["policy/model.ts", "policy/model.onnx", "policy/tvm-llvm.so", "value/reference.npz", "recipe.yaml"]
+    for relative in targets:
+        path = tiny_copy / relative
+        original = path.read_bytes()
+        data = bytearray(original)
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+        report = verify_model_dir(tiny_copy)
+        failed = [f for f in report.findings if not f.ok]
+        assert not report.passed and failed, relative
+        assert all(relative in f.detail or f.subject == relative for f in failed[:1]), (relative, failed)
+        path.write_bytes(original)
+    assert verify_model_dir(tiny_copy).passed
+
+
+def test_flipped_artifact_is_never_loaded(tiny_copy: Path) -> None:
+    path = tiny_copy / "policy" / "tvm-llvm.so"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        rlopt.load(tiny_copy, "policy", backend="tvm")
+
+
+def test_manifest_tampering_is_caught(tiny_copy: Path) -> None:
+    path = tiny_copy / MANIFEST_NAME
+    document = json.loads(path.read_text())
+    document["networks"]["policy"]["selected"] = "tvm" if document["networks"]["policy"]["selected"] != "tvm" else "onnxruntime"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ArtifactError, match="content_sha256"):
+        read_manifest(tiny_copy)
+    document["schema_version"] = 99
+    path.write_text(json.dumps(document))
+    with pytest.raises(ArtifactError, match="schema_version"):
+        read_manifest(tiny_copy)
+
+
+def test_manifest_path_escaping_model_dir_is_refused(tiny_copy: Path) -> None:
+    from rlopt.manifest import Manifest, write_json
+
+    manifest = read_manifest(tiny_copy)
+    manifest.networks["policy"].artifacts["tvm"].path = "../../x.so"
+    write_json(tiny_copy / MANIFEST_NAME, manifest.seal().model_dump(mode="json"))
+    assert isinstance(manifest, Manifest)
+    with pytest.raises(ArtifactError, match="outside MODEL_DIR"):
+        rlopt.load(tiny_copy, "policy", backend="tvm")
+
+
+def test_cli_verify_exits_1_naming_the_flipped_file(tiny_copy: Path) -> None:
+    ok = run_rlopt("verify", str(tiny_copy), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["passed"] is True
+    path = tiny_copy / "value" / "model.onnx"
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x01
+    path.write_bytes(bytes(data))
+    bad = run_rlopt("verify", str(tiny_copy))
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "value/model.onnx" in bad.stderr
+
+
+def test_fresh_process_loads_every_cpu_backend(tiny_compiled: Path) -> None:
+    script = (
+        "import sys, numpy as np, rlopt\n"
+        "for b in ('torchscript', 'onnxruntime', 'tvm'):\n"
+        "    s = rlopt.load(sys.argv[1], 'value', backend=b)\n"
+        "    out = s.run({'input0': np.ones((2, 3, 32), np.float32)})['value']\n"
+        "    print(b, out.shape, float(out.sum()))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tiny_compiled)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    sums = [float(line.split()[-1]) for line in lines]
+    assert len(lines) == 3 and all("(2, 3, 1)" in line for line in lines)
+    assert max(sums) - min(sums) < 1e-4
+
+
+def test_cli_compile_json_and_parity_failure_exits_1(tmp_path: Path) -> None:
+    recipe = write_tiny_recipe(tmp_path, backends="[torchscript, tvm]",
+                               extra="")
+    text = recipe.read_text().replace("verify:\n  samples: 4", "verify:\n  samples: 2\n  atol: 0.0\n  rtol: 0.0\n  max_kl: 0.0")
+    recipe.write_text(text)
+    proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--json")
+    assert proc.returncode == 1, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["passed"] is False and any("tvm" in f for f in document["failures"])
+    assert "verification failed" in proc.stderr and "atol that would pass" in proc.stderr
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.networks["policy"].artifacts["torchscript"].verified, "bit-exact backend still passes at atol 0"
+    assert not manifest.networks["policy"].artifacts["tvm"].verified
+    with pytest.raises(ArtifactError, match="failed verification"):
+        rlopt.load(tmp_path / "out", "policy", backend="tvm")
+
+
+def test_cli_compile_refuses_non_model_dir_output(tmp_path: Path) -> None:
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("keep me")
+    proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "precious"))
+    assert_one_line_error(proc, 2, "precious", "not an rlopt MODEL_DIR", "fix:")
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
+
+
+def test_recompile_replaces_previous_model_dir(tmp_path: Path) -> None:
+    from rlopt.pipeline import compile_recipe
+
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    first = compile_recipe(recipe, tmp_path / "out").manifest.created_at
+    second = compile_recipe(recipe, tmp_path / "out")
+    assert second.passed and read_manifest(tmp_path / "out").created_at >= first
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -1,0 +1,98 @@
+"""Recipe validation: every mistake is one RecipeError line naming the file, the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlopt.errors import RecipeError
+from rlopt.recipe import BACKENDS, load_recipe
+from tests.conftest import RECIPES, write_tiny_recipe
+
+
+def _error(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and "fix:" in message
+    return message
+
+
+BASE = """\
+name: ok
+model: {factory: models/policy_heads.py:PolicyHead}
+networks:
+  policy:
+    inputs:
+      input0: {dtype: float32, min: [1, 8], opt: [2, 8], max: [4, 8]}
+    outputs: [logits]
+"""
+
+
+def test_bundled_recipes_validate_and_fill_defaults() -> None:
+    for path in sorted(RECIPES.glob("*.yaml")):
+        recipe = load_recipe(path)
+        assert recipe.networks
+    recipe = load_recipe(RECIPES / "policy_value_heads.yaml")
+    assert recipe.name == "policy-value-heads"
+    assert recipe.networks["policy"].inputs["input0"].min == [1, 1, 768]
+    assert recipe.networks["policy"].inputs["input0"].max == [8, 16, 768]
+
+
+def test_defaults_are_filled(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(BASE)
+    recipe = load_recipe(path)
+    net = recipe.networks["policy"]
+    assert (net.kind, net.precision, net.module) == ("generic", "fp32", "")
+    assert recipe.backends == list(BACKENDS)
+    assert recipe.pad_gemm == "auto" and recipe.tvm.target == {"kind": "llvm"} and recipe.model.seed == 0
+    assert "backends:" in recipe.resolved_yaml() and len(recipe.sha256()) == 64
+
+
+def test_static_shape_fills_min_opt_max(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(BASE.replace("{dtype: float32, min: [1, 8], opt: [2, 8], max: [4, 8]}", "{shape: [3, 8]}"))
+    spec = load_recipe(path).networks["policy"].inputs["input0"]
+    assert spec.min == spec.opt == spec.max == [3, 8] and spec.dynamic_axes == []
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("name: [unclosed\n", ["line 2", "invalid YAML"]),
+        ("- a list\n", ["expected a mapping"]),
+        (BASE + "colour: blue\n", ["colour", "unknown field"]),
+        (BASE.replace("outputs: [logits]", "outputs: [logits]\n    kind: critic"), ["networks.policy.kind"]),
+        (BASE.replace("name: ok", "name: Bad Name"), ["name"]),
+        (BASE.replace("min: [1, 8]", "min: [5, 8]"), ["networks.policy.inputs.input0", "min <= opt <= max"]),
+        (BASE.replace("min: [1, 8]", "min: [1, 8, 1]"), ["rank mismatch"]),
+        (BASE.replace("dtype: float32", "dtype: float13"), ["networks.policy.inputs.input0.dtype"]),
+        (BASE.replace("opt: [2, 8], ", ""), ["missing opt"]),
+        (BASE.replace("outputs: [logits]", "outputs: []"), ["networks.policy.outputs"]),
+        ("name: ok\nmodel: {factory: m.py:F}\nnetworks: {}\n", ["networks", "at least one network"]),
+        (BASE + "backends: [tvm, cuda-magic]\n", ["backends"]),
+        (BASE.replace("PolicyHead}", "PolicyHead}\nmodel_x: 1"), ["model_x"]),
+        (BASE.replace("models/policy_heads.py:PolicyHead", "no_colon_here"), ["model.factory"]),
+        (BASE + "verify: {samples: 0}\n", ["verify.samples"]),
+        (BASE + "pad_gemm: -4\n", ["pad_gemm"]),
+        (BASE + "tvm: {target: {mcpu: znver4}}\n", ["tvm.target", "kind"]),
+    ],
+)
+def test_bad_recipes_fail_with_one_located_line(tmp_path: Path, text: str, needles: list[str]) -> None:
+    message = _error(tmp_path, text)
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_missing_recipe_file(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="recipe not found"):
+        load_recipe(tmp_path / "absent.yaml")
+
+
+def test_tiny_recipe_helper_is_valid(tmp_path: Path) -> None:
+    recipe = load_recipe(write_tiny_recipe(tmp_path))
+    assert set(recipe.networks) == {"policy", "value"}

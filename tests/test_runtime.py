@@ -1,0 +1,47 @@
+"""Session.run checks inputs before any backend sees them: a ValueError naming the input and the range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlopt
+from rlopt.manifest import InputProfile
+from rlopt.runtime import check_feeds
+
+PROFILES = {"input0": InputProfile(dtype="float32", min=[1, 1, 32], opt=[2, 3, 32], max=[4, 6, 32])}
+
+
+@pytest.mark.parametrize(
+    ("feeds", "needles"),
+    [
+        ({"obs": np.zeros((1, 1, 32), np.float32)}, ["unknown: ['obs']", "missing: ['input0']"]),
+        ({"input0": np.zeros((1, 1, 32), np.float64)}, ["input0", "float32", "astype"]),
+        ({"input0": np.zeros((1, 32), np.float32)}, ["input0", "rank 2", "rank 3"]),
+        ({"input0": np.zeros((5, 1, 32), np.float32)}, ["input0", "dim 0 is 5", "[1, 4]"]),
+        ({"input0": np.zeros((1, 1, 31), np.float32)}, ["dim 2 is 31", "[32, 32]"]),
+        ({"input0": np.zeros((1, 1, 32), ">f4")}, ["big-endian"]),
+        ({"input0": [[0.0] * 32]}, ["numpy array"]),
+    ],
+)
+def test_bad_feeds_raise_value_error_naming_the_input(feeds: dict, needles: list[str]) -> None:
+    with pytest.raises(ValueError) as info:
+        check_feeds(feeds, PROFILES)
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+
+
+def test_non_contiguous_input_is_accepted_as_a_copy() -> None:
+    x = np.zeros((2, 32, 3), np.float32).transpose(0, 2, 1)
+    checked = check_feeds({"input0": x}, PROFILES)
+    assert checked["input0"].flags.c_contiguous and checked["input0"].shape == (2, 3, 32)
+
+
+def test_session_rejects_out_of_profile_shape_before_the_backend(tiny_compiled: Path) -> None:
+    for backend in ("torchscript", "onnxruntime", "tvm"):
+        session = rlopt.load(tiny_compiled, "policy", backend=backend)
+        with pytest.raises(ValueError, match=r"dim 1 is 7, allowed \[1, 6\]"):
+            session.run({"input0": np.zeros((1, 7, 32), np.float32)})
+        assert session.run({"input0": np.zeros((4, 6, 32), np.float32)})["logits"].shape == (4, 6, 5)
