@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 from rlopt import __version__
 from rlopt.errors import BackendUnavailable, StageError, UsageError, located
 from rlopt.lazy import version_of
+from rlopt.locking import exclusive_lock
 from rlopt.machine import machine_facts
 from rlopt.manifest import (
     MANIFEST_NAME,
@@ -285,31 +286,32 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
         raise UsageError(located(out_dir, "-o", "exists and is not an rlopt MODEL_DIR",
                                  "choose another output directory or remove it"))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(out_dir)
-    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{secrets.token_hex(3)}"
-    staging.mkdir()
-    try:
-        (staging / "recipe.yaml").write_text(recipe.resolved_yaml(), encoding="utf-8")
-        from rlopt.stages.load_model import build_model
+    with exclusive_lock(out_dir.parent / f".{out_dir.name}.lock", out_dir):
+        remove_stale_partials(out_dir)
+        staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{secrets.token_hex(3)}"
+        staging.mkdir()
+        try:
+            (staging / "recipe.yaml").write_text(recipe.resolved_yaml(), encoding="utf-8")
+            from rlopt.stages.load_model import build_model
 
-        model, _ = build_model(recipe.model, recipe_path)
-        networks: dict[str, NetworkRecord] = {}
-        failures: list[str] = []
-        for name, spec in recipe.networks.items():
-            record, network_failures = _Network(recipe, recipe_path, name, spec, staging, reporter).run(model)
-            networks[name] = record
-            failures.extend(network_failures)
-        manifest = Manifest(
-            schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
-            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=tool_versions(),
-            machine=machine_facts(), recipe_sha256=recipe.sha256(),
-            recipe=file_record(staging, staging / "recipe.yaml"), networks=networks,
-        ).seal()
-        write_json(staging / MANIFEST_NAME, manifest.model_dump(mode="json"))
-        publish(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            model, _ = build_model(recipe.model, recipe_path)
+            networks: dict[str, NetworkRecord] = {}
+            failures: list[str] = []
+            for name, spec in recipe.networks.items():
+                record, network_failures = _Network(recipe, recipe_path, name, spec, staging, reporter).run(model)
+                networks[name] = record
+                failures.extend(network_failures)
+            manifest = Manifest(
+                schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
+                created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=tool_versions(),
+                machine=machine_facts(), recipe_sha256=recipe.sha256(),
+                recipe=file_record(staging, staging / "recipe.yaml"), networks=networks,
+            ).seal()
+            write_json(staging / MANIFEST_NAME, manifest.model_dump(mode="json"))
+            publish(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return CompileResult(out_dir, manifest, failures, time.perf_counter() - started)
 
 

@@ -181,4 +181,4 @@ def test_recompile_replaces_previous_model_dir(tmp_path: Path) -> None:
     first = compile_recipe(recipe, tmp_path / "out").manifest.created_at
     second = compile_recipe(recipe, tmp_path / "out")
     assert second.passed and read_manifest(tmp_path / "out").created_at >= first
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".out.lock"]
