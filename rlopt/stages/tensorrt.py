@@ -1,20 +1,55 @@
-"""Stage: TensorRT engine. Gated: no TensorRT object is created unless a GPU and the library are present."""
+"""Stage: TensorRT engine (`<network>/model.plan`).
+
+The gate comes first: no TensorRT object is created, and `tensorrt` is not even imported, unless
+an NVIDIA GPU and the library are present (the lean runtime segfaults without a GPU, shared
+notes). Otherwise BackendUnavailable, which the pipeline records as `skipped` with the reason
+while the compile goes on. Then: ONNX prepared for TensorRT (folded, standard ops, precision
+casts where TensorRT 11 needs them) -> engine built through the adapter, with the plan's
+optimization profiles, progress and time budget.
+"""
 
 from __future__ import annotations
 
+import tempfile
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Callable
 
 from rlopt.errors import BackendUnavailable
+from rlopt.lazy import require
 from rlopt.machine import gpu_absent_reason
-from rlopt.recipe import NetworkSpec, TensorRTConfig
 from rlopt.stages.base import StageOutput
+from rlopt.tensorrt_plan import TensorRTPlan
 
 
-def build_engine(onnx_path: Path, config: TensorRTConfig, spec: NetworkSpec, out_dir: Path) -> StageOutput:
+def tensorrt_unavailable_reason() -> str | None:
+    """Why TensorRT cannot build here, checked without importing it; None when it can."""
     reason = gpu_absent_reason()
     if reason is not None:
-        raise BackendUnavailable(f"TensorRT needs an NVIDIA GPU: {reason}")
+        return f"TensorRT needs an NVIDIA GPU: {reason}"
     if find_spec("tensorrt") is None:
-        raise BackendUnavailable("TensorRT needs the 'tensorrt' package (NVIDIA's wheels), not installed here")
-    raise BackendUnavailable("building TensorRT engines is not implemented in this rlopt version")
+        return ("TensorRT needs the 'tensorrt' package (NVIDIA's wheels, e.g. pip install tensorrt-cu12 from "
+                "NVIDIA's index), not installed here")
+    return None
+
+
+def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_path: Path, network: str,
+                 progress: Callable[[str], None] | None = None) -> StageOutput:
+    reason = tensorrt_unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(reason)
+    from rlopt.stages.prepare_tensorrt import prepare_for_tensorrt
+    from rlopt.tensorrt_adapter import TensorRTAdapter
+
+    adapter = TensorRTAdapter(require("tensorrt"), progress)
+    notice = adapter.precision_notice(plan.precision)
+    with tempfile.TemporaryDirectory(prefix="rlopt-trt-") as scratch:
+        prepared = prepare_for_tensorrt(onnx_path, Path(scratch) / "model.trt.onnx",
+                                        cast_to=adapter.graph_casts_for(plan.precision), recipe_path=recipe_path,
+                                        network=network)
+        assert prepared.artifact is not None
+        result = adapter.build(prepared.artifact, plan, out_dir / "model.plan")
+    facts = {**plan.facts(), **result.facts, "onnx": onnx_path.name, "prepared": prepared.facts}
+    if notice:
+        facts["notice"] = notice
+    return StageOutput(out_dir / "model.plan", facts)
