@@ -14,12 +14,13 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[cpu,dev]"
+	$(BIN)/python -m pip install -q -e ".[cpu,dev,tune]"
 	touch $(STAMP)
 
 demo: venv
 	$(BIN)/rlopt compile recipes/policy_value_heads.yaml -o $(DEMO_DIR)
 	$(BIN)/rlopt verify $(DEMO_DIR)
+	$(BIN)/rlopt warmup --model_dir $(DEMO_DIR) --profile recipes/warmup_profiles/chatbot.json --duration 5 --concurrency 4
 
 test: venv
 	$(BIN)/python -m pytest -q -m "not slow and not gpu"

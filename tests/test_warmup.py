@@ -1,0 +1,327 @@
+"""rlopt warmup: profile validation, the report and plot, consistency under load, SLO, Ctrl-C, steady state.
+
+Runs use 1-2 s durations on the tiny MODEL_DIR; nothing here asserts a wall-clock threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlopt.errors import ArtifactError, ProfileError, UsageError
+from rlopt.manifest import InputProfile, read_manifest
+from rlopt.recipe import load_recipe
+from rlopt.warmup import LiveStatus, WarmupResult, run_warmup, steady_index
+from rlopt.warmup_profile import check_against, load_profile, read_profile
+from tests.conftest import RECIPES, assert_one_line_error, run_rlopt
+
+PROFILES = RECIPES / "warmup_profiles"
+
+TINY_PROFILE = {
+    "network": "policy",
+    "requests": [
+        {"weight": 0.7, "shapes": {"input0": [1, 1, 32]}},
+        {"weight": 0.2, "shapes": {"input0": [2, 3, 32]}},
+        {"weight": 0.1, "shapes": {"input0": [4, 6, 32]}},
+    ],
+    "duration_s": 1,
+    "concurrency": 2,
+}
+
+
+def write_profile(folder: Path, document: Any, name: str = "tiny.json") -> Path:
+    path = folder / name
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    return path
+
+
+def with_changes(**changes: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(TINY_PROFILE)) | changes
+
+
+# ---------------------------------------------------------------------------------------------------- the profile
+
+
+@pytest.mark.parametrize(("document", "field", "needle"), [
+    (with_changes(network="critic"), "network", "use one of: policy, value"),
+    (with_changes(requests=[{"weight": 1, "shapes": {"obs": [1, 1, 32]}}]), "requests.0.shapes.obs", "no input 'obs'"),
+    (with_changes(requests=[{"weight": 1, "shapes": {"input0": [1, 7, 32]}}]), "requests.0.shapes.input0",
+     "dim 1 is 7, allowed [1, 6]"),
+    (with_changes(requests=[{"weight": 1, "shapes": {"input0": [1, 32]}}]), "requests.0.shapes.input0", "rank 2"),
+    (with_changes(requests=[{"weight": 1, "shapes": {}}]), "requests.0.shapes", "give the shape of every input"),
+    (with_changes(requests=[{"weight": 0, "shapes": {"input0": [1, 1, 32]}}]), "requests.0.weight", "greater than 0"),
+    (with_changes(requests=[{"weight": -1, "shapes": {"input0": [1, 1, 32]}}]), "requests.0.weight",
+     "greater than 0"),
+    (with_changes(requests=[]), "requests", "at least 1 item"),
+    (with_changes(slo={"p99_ms": 0}), "slo.p99_ms", "greater than 0"),
+    (with_changes(concurrency=0), "concurrency", "greater than or equal to 1"),
+    (with_changes(durations=5), "durations", "unknown field"),
+    ("{\"network\": \"policy\",", "line 1", "invalid JSON"),
+    ("[1, 2]", "(top level)", "expected a JSON object"),
+])
+def test_profile_errors_name_file_and_field(tiny_compiled: Path, tmp_path: Path, document: Any, field: str,
+                                            needle: str) -> None:
+    path = write_profile(tmp_path, document)
+    with pytest.raises(ProfileError) as caught:
+        load_profile(path, read_manifest(tiny_compiled), tiny_compiled)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {field}"), message
+    assert needle in message and "fix:" in message and "\n" not in message
+
+
+def test_missing_profile_file(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="warmup profile not found; fix: check the --profile path"):
+        read_profile(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize(("profile", "recipe"), [("chatbot.json", "policy_value_heads.yaml"),
+                                                 ("ppo_mlp.json", "ppo_mlp.yaml"),
+                                                 ("atari_cnn.json", "atari_cnn.yaml")])
+def test_bundled_profiles_fit_their_recipes(profile: str, recipe: str) -> None:
+    """Each shipped profile names a network of its recipe and shapes inside its [min, max]."""
+    spec = load_recipe(RECIPES / recipe)
+    networks = {name: SimpleNamespace(inputs={i: InputProfile(dtype=s.dtype, min=s.dims("min"), opt=s.dims("opt"),
+                                                              max=s.dims("max")) for i, s in net.inputs.items()})
+                for name, net in spec.networks.items()}
+    parsed = read_profile(PROFILES / profile)
+    check_against(parsed, SimpleNamespace(networks=networks), PROFILES / profile, recipe)  # type: ignore[arg-type]
+    assert len(parsed.distinct_shapes()) == 3
+
+
+def test_chatbot_profile_is_the_reference_mix() -> None:
+    parsed = read_profile(PROFILES / "chatbot.json")
+    assert parsed.network == "policy"
+    assert [r.shapes["input0"] for r in parsed.requests] == [[1, 1, 768], [4, 8, 768], [8, 16, 768]]
+
+
+# ---------------------------------------------------------------------------------------------------- steady state
+
+
+def test_steady_state_found_after_a_cold_start() -> None:
+    rng = np.random.default_rng(0)
+    cold = np.linspace(10e-3, 2e-3, 100)
+    warm = 1e-3 + rng.uniform(0, 1e-4, 900)
+    index, final_p99, note = steady_index(np.concatenate([cold, warm]))
+    assert index is not None and 80 <= index <= 150, index
+    assert final_p99 is not None and 1e-3 <= final_p99 <= 1.1e-3 and note == ""
+
+
+def test_flat_latency_is_steady_from_the_start() -> None:
+    index, _, _ = steady_index(np.full(500, 1e-3))
+    assert index == 0
+
+
+def test_latency_still_rising_is_not_steady() -> None:
+    index, final_p99, note = steady_index(np.linspace(1e-3, 5e-3, 500))
+    assert index is None and final_p99 is not None and "still moving" in note
+
+
+def test_too_few_requests_is_not_steady() -> None:
+    index, final_p99, note = steady_index(np.full(10, 1e-3))
+    assert index is None and final_p99 is None and "too few requests" in note
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+
+
+def check_report_structure(document: dict[str, Any], model_dir: Path) -> None:
+    assert document["kind"] == "rlopt-warmup" and document["network"] == "policy"
+    assert document["backend"] in ("onnxruntime", "torchscript", "tvm")
+    assert document["requests"] == sum(shape["count"] for shape in document["shapes"]) > 0
+    assert [s["label"] for s in document["shapes"]] == ["1x1x32", "2x3x32", "4x6x32"]
+    assert abs(sum(s["share"] for s in document["shapes"]) - 1) < 1e-6
+    for shape in document["shapes"]:
+        assert shape["first_call_ms"] > 0 and shape["throughput_rps"] >= 0
+        summaries = [s for s in (shape["before_steady"], shape["after_steady"]) if s]
+        assert shape["count"] == 0 or sum(s["count"] for s in summaries) == shape["count"]
+        for summary in summaries:
+            assert 0 < summary["p50_ms"] <= summary["p95_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+        assert shape["steady_reached"] == (shape["time_to_steady_s"] is not None)
+    consistency = document["consistency"]
+    assert consistency["passed"] and consistency["compared"] >= 2 and consistency["divergences"] == []
+    assert len(consistency["probes"]) == 3
+    assert document["machine"]["cpu"] and document["machine"]["threads"]["concurrency"] == 2
+    assert Path(document["files"]["json"]) == model_dir / "reports" / "warmup-tiny.json"
+    assert json.loads(Path(document["files"]["json"]).read_text()) == document
+    assert Path(document["files"]["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reference_spelling_runs_writes_report_and_plot_and_verify_still_passes(tiny_copy: Path,
+                                                                               tmp_path: Path) -> None:
+    profile = write_profile(tmp_path, TINY_PROFILE)
+    proc = run_rlopt("warmup", "--model_dir", str(tiny_copy), "--profile", str(profile), "--duration", "1",
+                     "--concurrency", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    check_report_structure(json.loads(proc.stdout), tiny_copy)
+    verify = run_rlopt("verify", str(tiny_copy), "--json")
+    assert verify.returncode == 0 and json.loads(verify.stdout)["passed"], verify.stdout
+
+
+def test_positional_model_dir_and_human_table(tiny_copy: Path, tmp_path: Path) -> None:
+    profile = write_profile(tmp_path, TINY_PROFILE)
+    proc = run_rlopt("warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1", "--backend",
+                     "torchscript")
+    assert proc.returncode == 0, proc.stderr
+    assert "warmup policy on torchscript" in proc.stdout and "1x1x32" in proc.stdout
+    assert "consistency: ok" in proc.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("--profile", "{profile}"),
+    ("{model_dir}", "--model_dir", "/elsewhere", "--profile", "{profile}"),
+])
+def test_model_dir_usage_errors_are_one_line(tiny_copy: Path, tmp_path: Path, args: tuple[str, ...]) -> None:
+    profile = write_profile(tmp_path, TINY_PROFILE)
+    proc = run_rlopt("warmup", *[a.format(profile=profile, model_dir=tiny_copy) for a in args])
+    assert_one_line_error(proc, 2, "MODEL_DIR", "fix:")
+
+
+def test_bad_profile_through_the_cli_is_one_line_exit_2(tiny_copy: Path, tmp_path: Path) -> None:
+    profile = write_profile(tmp_path, with_changes(requests=[{"weight": 1, "shapes": {"input0": [9, 1, 32]}}]))
+    proc = run_rlopt("warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1")
+    assert_one_line_error(proc, 2, str(profile), "requests.0.shapes.input0", "outside the compiled profile")
+
+
+def test_slo_missed_exits_1(tiny_copy: Path, tmp_path: Path) -> None:
+    profile = write_profile(tmp_path, with_changes(slo={"p99_ms": 1e-6}))
+    proc = run_rlopt("warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1", "--backend",
+                     "onnxruntime", "--json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["slo"]["passed"] is False and report["slo"]["measured_p99_ms"] > 1e-6
+    assert any(f.startswith("SLO missed") for f in report["failures"]) and "SLO missed" in proc.stderr
+    assert report["consistency"]["passed"]
+
+
+class NoisyUnderLoad:
+    """A test double: the real ONNX Runtime runner, plus noise on calls from any thread but the main one.
+
+    It models a backend whose results change under concurrency (a data race); single-threaded it is exact.
+    """
+
+    def __init__(self, inner: Any, noise: float) -> None:
+        self._inner = inner
+        self._noise = noise
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = self._inner.infer(feeds)
+        if threading.current_thread() is threading.main_thread():
+            return outputs
+        return [out + np.float32(self._noise) for out in outputs]
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def install_noisy_onnxruntime(monkeypatch: pytest.MonkeyPatch, noise: float) -> None:
+    from rlopt.runtime import backends
+
+    real = backends.RUNNERS["onnxruntime"]
+    monkeypatch.setitem(backends.RUNNERS, "onnxruntime",
+                        lambda path, names, facts: NoisyUnderLoad(real(path, names, facts), noise))
+
+
+def test_divergence_under_load_is_reported_and_exits_1(tiny_copy: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from rlopt.cli import main
+
+    install_noisy_onnxruntime(monkeypatch, noise=1e-2)
+    profile = write_profile(tmp_path, TINY_PROFILE)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1", "--backend", "onnxruntime",
+              "--json"])
+    assert exit_info.value.code == 1
+    report = json.loads(capsys.readouterr().out)
+    consistency = report["consistency"]
+    assert not consistency["passed"] and consistency["divergences"]
+    assert consistency["max_abs_diff"] == pytest.approx(1e-2, rel=1e-3)
+    assert {d["output"] for d in consistency["divergences"]} == {"logits"}
+    assert report["failures"][0].startswith("consistency under load")
+    saved = json.loads((tiny_copy / "reports" / "warmup-tiny.json").read_text())
+    assert saved["consistency"]["passed"] is False
+
+
+def test_noise_within_atol_is_consistent(tiny_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same double with noise below the network's atol (1e-4) passes: the check uses the recipe's atol."""
+    install_noisy_onnxruntime(monkeypatch, noise=1e-6)
+    result = run_warmup(tiny_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=1, backend="onnxruntime")
+    assert result.report.consistency.passed and result.report.passed
+    assert 0 < result.report.consistency.max_abs_diff <= 1e-4
+
+
+def test_ctrl_c_ends_early_with_a_partial_report(tiny_copy: Path, tmp_path: Path) -> None:
+    seen: list[LiveStatus] = []
+
+    def interrupt_under_load(status: LiveStatus) -> None:
+        seen.append(status)
+        if status.phase == "under load" and status.requests > 0:
+            raise KeyboardInterrupt
+
+    result: WarmupResult = run_warmup(tiny_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=60,
+                                      backend="onnxruntime", monitor=interrupt_under_load)
+    assert result.report.interrupted and result.report.elapsed_s < 60
+    assert result.report.requests > 0 and result.report.consistency.compared > 0
+    assert json.loads((tiny_copy / "reports" / "warmup-tiny.json").read_text())["interrupted"] is True
+    assert seen[0].phase == "first calls" and seen[-1].phase == "done"
+
+
+@pytest.mark.parametrize(("options", "error", "needle"), [
+    ({"duration_s": 0}, UsageError, "--duration 0: must be a finite number of seconds > 0"),
+    ({"duration_s": float("inf")}, UsageError, "--duration inf"),
+    ({"concurrency": 0}, UsageError, "--concurrency 0: must be >= 1"),
+    ({"backend": "tensorrt"}, ArtifactError, "skipped at compile time"),
+    ({"backend": "jax"}, UsageError, "backend 'jax' is unknown"),
+])
+def test_option_errors(tiny_compiled: Path, tmp_path: Path, options: dict[str, Any], error: type[Exception],
+                       needle: str) -> None:
+    with pytest.raises(error, match="fix:") as caught:
+        run_warmup(tiny_compiled, write_profile(tmp_path, TINY_PROFILE), write_files=False,
+                   **({"duration_s": 1} | options))
+    assert needle in str(caught.value)
+
+
+class PinsItsCaller:
+    """A test double: the real runner, but each call pins the calling thread to one core (as TVM's pool does)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if threading.current_thread() is not threading.main_thread():
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        return self._inner.infer(feeds)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two usable cores")
+def test_a_runtime_that_pins_load_threads_is_reported(tiny_compiled: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.runtime import backends
+
+    real = backends.RUNNERS["onnxruntime"]
+    monkeypatch.setitem(backends.RUNNERS, "onnxruntime", lambda path, names, facts: PinsItsCaller(real(path, names,
+                                                                                                        facts)))
+    result = run_warmup(tiny_compiled, write_profile(tmp_path, TINY_PROFILE), duration_s=0.5, backend="onnxruntime",
+                        write_files=False)
+    assert result.passed and len(result.report.warnings) == 1
+    assert "narrowed the CPU affinity" in result.report.warnings[0]
+
+
+def test_a_busier_machine_later_is_not_a_cold_start() -> None:
+    """Fast early requests followed by a slower tail (neighbours got busy) leave steady state at the start."""
+    rng = np.random.default_rng(1)
+    latencies = 1e-3 + rng.uniform(0, 1e-4, 1000)
+    latencies[rng.choice(np.arange(800, 1000), 8, replace=False)] = 5e-3  # spikes only in the final window
+    index, _, _ = steady_index(latencies)
+    assert index == 0
