@@ -1,12 +1,15 @@
-"""Stage: TVM (Relax, 0.27) library from ONNX, with Linear+activation fused, for the recipe's target.
+"""Stage: TVM (Relax, 0.27) libraries from ONNX for an llvm target: one dynamic, one tuned static per profile shape.
 
-Two measured traps shape this stage (shared notes, and checked by tests):
-- Relax's ONNX frontend cannot compare a symbolic shape scalar (`Gather(Shape(x), 0) > 1`,
-  the batch-vs-single branch): `tensorize_shape_comparisons` rewrites that Gather into a
-  tensor form the frontend handles.
-- A graph with an If imports without dataflow blocks, so nothing fuses, and
-  `get_default_pipeline` then miscompiles the If (the VM returns None). `ConvertToDataflow`
-  followed by the "zero" pipeline fuses and is exact.
+- The dynamic library (`tvm-<target>.so`) serves every shape in [min, max]; it is correct but
+  untuned (tuning a symbolic-shape module fails in 0.27, shared notes).
+- One static library per distinct profile shape (`tvm-<target>-<dims>.so`), with the taken
+  branch of shape-only Ifs inlined and every kernel that has a record in the recipe's tuning
+  database (`<recipe>.tuning/<kind-mcpu>/`, see rlopt.tuning) replaced by its tuned schedule.
+  The runtime dispatches to it on an exact shape match. Kernels without a record are listed
+  (`untuned_kernels`), so a user sees which workloads `rlopt tune` still has to cover.
+- The target is completed for this host (mcpu, num-cores); the ISA features that mcpu implies
+  are recorded, so a runtime on a CPU without them refuses to load instead of dying on SIGILL.
+- The TVM thread count is chosen by measuring the static libraries at 1..N threads.
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.lazy import require
-from rlopt.recipe import TvmConfig
+from rlopt.recipe import NetworkSpec, TvmConfig
 from rlopt.stages.base import StageOutput
+from rlopt.stages.tvm_import import fused_kernels, import_relax, scheduled_kernels, tensorize_shape_comparisons
 
-COMPARISONS = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual"}
+__all__ = ["build_tvm", "target_slug", "fused_kernels", "tensorize_shape_comparisons"]
+
+PIPELINE = "tensorize shape comparisons + fold shape-only Ifs (static) + ConvertToDataflow + relax 'zero' pipeline"
 
 
 def target_slug(target: dict[str, Any]) -> str:
@@ -34,85 +38,190 @@ def target_slug(target: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
 
 
-def _constant_values(graph: Any) -> dict[str, np.ndarray]:
-    from onnx import numpy_helper
-
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
 
 
-def tensorize_shape_comparisons(model: Any) -> int:
-    """Rewrite `Gather(Shape(x), scalar)` feeding only comparisons into `Squeeze(Gather(Shape(x), [i]))`.
+def _compile(mod: Any, target: Any, out_path: Path, recipe_path: Path, network: str) -> None:
+    tvm = require("tvm")
+    try:
+        tvm.compile(mod, target).export_library(str(out_path))
+    except Exception as exc:  # the TVM compiler raises many error types
+        raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot compile the ONNX model: "
+                                 f"{_first_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
+                                 "or drop tvm from backends")) from None
 
-    Same values, but a tensor instead of a symbolic scalar. Returns the number of rewrites.
+
+def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe_path: Path,
+            network: str) -> tuple[Any, dict[str, Any]]:
+    try:
+        return import_relax(model, target, shapes)
+    except Exception as exc:  # the TVM frontend raises many error types
+        raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot import the ONNX model: "
+                                 f"{_first_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
+                                 "or drop tvm from backends")) from None
+
+
+def kernel_split(mod: Any) -> tuple[list[str], list[str]]:
+    """(tuned, untuned) kernels with arithmetic; pure data movement (take, reshape) is never tuned, so not listed."""
+    analysis = require("tvm.s_tir.analysis")
+    tvm = require("tvm")
+    scheduled, unscheduled = scheduled_kernels(mod)
+    untuned = []
+    for name in unscheduled:
+        try:
+            flop = float(analysis.estimate_tir_flops(tvm.IRModule({"main": mod[name]})))
+        except Exception:  # the estimator refuses some data-movement kernels: nothing to tune there
+            continue
+        if flop > 1:
+            untuned.append(name)
+    return scheduled, untuned
+
+
+def required_cpu_features(target_dict: dict[str, Any]) -> list[str]:
+    """ISA features (LLVM names) the target's mcpu lets the code use."""
+    from rlopt.runtime.cpu_features import isa_features
+
+    if target_dict.get("kind") != "llvm" or not target_dict.get("mcpu"):
+        return []
+    tvm = require("tvm")
+    codegen = require("tvm.target.codegen")
+    return isa_features(codegen.llvm_get_cpu_features(tvm.target.Target(target_dict)))
+
+
+# Runs in a throwaway process: TVM fixes its thread count at first use and configuring the pool pins the
+# calling thread to one core, neither of which the compiling process (or a user's) should inherit.
+_TIME_THREADS = r"""
+import json, sys, time
+import numpy as np
+import tvm, tvm_ffi
+from tvm import relax
+job = json.loads(sys.argv[1])
+configure = tvm_ffi.get_global_func("runtime.config_threadpool")
+table = {}
+for build in job["builds"]:
+    main = relax.VirtualMachine(tvm.runtime.load_module(build["path"]), tvm.cpu())["main"]
+    args = [tvm.runtime.tensor(np.zeros(dims, dtype=build["dtypes"][name])) for name, dims in build["shapes"].items()]
+    row = {}
+    for threads in job["candidates"]:
+        configure(1, threads)
+        for _ in range(2):
+            main(*args)
+        samples, deadline = [], time.perf_counter() + job["budget_s"]
+        while len(samples) < 3 or (time.perf_counter() < deadline and len(samples) < 500):
+            start = time.perf_counter_ns()
+            main(*args)
+            samples.append(time.perf_counter_ns() - start)
+        row[str(threads)] = round(float(np.median(samples)) / 1e3, 2)
+    table[build["label"]] = row
+print(json.dumps(table))
+"""
+
+
+MULTITHREAD_MIN_SPEEDUP = 1.25
+
+
+def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict[str, str],
+                   cores: int) -> tuple[int, dict[str, dict[str, float]]]:
+    """Time each static library at 1 and `cores` TVM threads; more than 1 only for a clear win (see below).
+
+    Measured in a subprocess started with TVM_NUM_THREADS=cores (see _TIME_THREADS); unmeasured means 1.
     """
-    from onnx import helper, numpy_helper
+    import json
+    import os
+    import subprocess
+    import sys
 
-    graph = model.graph
-    shapes = {out for node in graph.node if node.op_type == "Shape" for out in node.output}
-    constants = _constant_values(graph)
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    rewritten: list[Any] = []
-    count = 0
-    for node in graph.node:
-        index = constants.get(node.input[1]) if node.op_type == "Gather" and len(node.input) > 1 else None
-        users = consumers.get(node.output[0], []) if node.output else []
-        if (index is not None and index.ndim == 0 and node.input[0] in shapes and users
-                and all(user.op_type in COMPARISONS for user in users)):
-            vector_index, gathered = f"{node.output[0]}__index1d", f"{node.output[0]}__gathered1d"
-            rewritten.append(helper.make_node("Constant", [], [vector_index],
-                                              value=numpy_helper.from_array(index.reshape(1).astype(index.dtype))))
-            rewritten.append(helper.make_node("Gather", [node.input[0], vector_index], [gathered], axis=0))
-            rewritten.append(helper.make_node("Squeeze", [gathered], [node.output[0]]))
-            count += 1
-        else:
-            rewritten.append(node)
-    del graph.node[:]
-    graph.node.extend(rewritten)
-    return count
+    import numpy as np
+
+    candidates = sorted({1, max(1, cores)})
+    if len(candidates) == 1 or not builds:
+        return 1, {}  # nothing tuned (serial kernels) or one core: more threads would only add idle workers
+    job = {"candidates": candidates, "budget_s": 0.05,
+           "builds": [{"path": str(path), "shapes": shapes, "dtypes": dtypes,
+                       "label": "x".join(str(d) for dims in shapes.values() for d in dims)} for shapes, path in builds]}
+    env = dict(os.environ, TVM_NUM_THREADS=str(max(candidates)), TVM_BIND_THREADS="0")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _TIME_THREADS, json.dumps(job)], capture_output=True,
+                              text=True, env=env, timeout=300)
+        table: dict[str, dict[str, float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 1, {}  # unmeasured: the choice that cannot stall on a descheduled worker
+
+    def speedup(threads: int) -> float:
+        """Geometric mean over shapes of (1-thread latency / latency at `threads`)."""
+        ratios = [row["1"] / row[str(threads)] for row in table.values()]
+        return float(np.prod(ratios) ** (1 / len(ratios)))
+
+    # more threads only for a clear win: a parallel kernel whose worker is descheduled (another process or
+    # a spinning ONNX Runtime pool on the same cores) stalls for a whole scheduler quantum (measured: 23 us
+    # alone, 12 ms interleaved with ONNX Runtime at 2 threads on 2 cores; 1 thread stays at 28 us)
+    wins = [n for n in candidates if n > 1 and speedup(n) >= MULTITHREAD_MIN_SPEEDUP]
+    return (max(wins, key=speedup) if wins else 1), table
 
 
-def fused_kernels(mod: Any) -> list[str]:
-    return sorted(gv.name_hint for gv in mod.functions if gv.name_hint.startswith("fused_"))
-
-
-def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path: Path, network: str) -> StageOutput:
+def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path: Path, network: str,
+              spec: NetworkSpec | None = None) -> StageOutput:
+    """The dynamic library (the artifact) plus, given the network's spec, one static library per profile shape."""
     kind = config.target.get("kind")
     if kind != "llvm":
         raise BackendUnavailable(f"TVM target kind '{kind}' is not built by this rlopt on this machine "
                                  "(only {kind: llvm} is supported here)")
     onnx = require("onnx")
     tvm = require("tvm")
-    relax = require("tvm.relax")
-    from_onnx = require("tvm.relax.frontend.onnx").from_onnx
+    from rlopt.manifest import file_record
+    from rlopt.tuning import (Workload, apply_database, database_dir, file_slug, open_database, profile_shapes,
+                              resolve_target, target_key, tune_workloads)
 
-    model = onnx.load(str(onnx_path))
-    rewrites = tensorize_shape_comparisons(model)
     try:
-        target = tvm.target.Target(dict(config.target))
+        target_dict = resolve_target(config.target)
+        target = tvm.target.Target(target_dict)
     except Exception as exc:  # tvm raises its own error types for a bad target dict
         raise StageError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
                                  "give a TVM JSON target dict such as {kind: llvm, mcpu: znver4}")) from None
-    try:
-        mod = from_onnx(model, keep_params_in_input=False)
-        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-        with target:
-            mod = relax.get_pipeline("zero")(mod)
-        kernels = fused_kernels(mod)
-        executable = tvm.compile(mod, target)
-    except Exception as exc:  # the TVM frontend and compiler raise many error types
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot compile the ONNX model: {first}",
-                                 "use operators TVM's Relax ONNX frontend supports, or drop tvm from backends")) from None
-    out_path = out_dir / f"tvm-{target_slug(config.target)}.so"
-    executable.export_library(str(out_path))
-    facts = {"target": dict(config.target), "tuned": False, "fused_kernels": kernels,
-             "shape_comparisons_tensorized": rewrites, "pipeline": "ConvertToDataflow + relax 'zero' pipeline",
-             "tvm": tvm.__version__}
+    model = onnx.load(str(onnx_path))
+    slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
+    mod, imported = _import(model, target, None, recipe_path, network)
+    out_path = out_dir / f"tvm-{slug}.so"
+    _compile(mod, target, out_path, recipe_path, network)
+    facts: dict[str, Any] = {"target": target_dict, "cpu_features": required_cpu_features(target_dict),
+                             "tuned": False, "fused_kernels": imported["fused_kernels"],
+                             "shape_comparisons_tensorized": imported["shape_comparisons_tensorized"],
+                             "pipeline": PIPELINE, "tvm": tvm.__version__}
+    if spec is None:
+        return StageOutput(out_path, facts)
+
+    workloads = [Workload(network, points, shapes, model) for points, shapes in profile_shapes(spec)]
+    db_dir = database_dir(recipe_path, target_dict)
+    if config.tune_trials > 0:
+        tune_workloads(workloads, target_dict, db_dir, trials=config.tune_trials)
+    database = open_database(db_dir, create=False)
+    builds: list[dict[str, Any]] = []
+    libraries: list[tuple[dict[str, list[int]], Path]] = []
+    for workload in workloads:
+        static, static_facts = _import(model, target, workload.shapes, recipe_path, network)
+        if database is not None:
+            static = apply_database(static, target, database)
+        tuned, untuned = kernel_split(static)
+        path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
+        _compile(static, target, path, recipe_path, network)
+        libraries.append((workload.shapes, path))
+        builds.append({"points": workload.points, "shapes": workload.shapes,
+                       "file": file_record(out_dir.parent, path).model_dump(), "tuned_kernels": tuned,
+                       "untuned_kernels": untuned, "ifs_folded": static_facts.get("ifs_folded", 0)})
+    # untuned kernels run serially (no parallel loops), so only tuned libraries say what threads are worth
+    tuned_libraries = [lib for lib, build in zip(libraries, builds) if build["tuned_kernels"]]
+    threads, thread_table = choose_threads(tuned_libraries, {n: s.dtype for n, s in spec.inputs.items()},
+                                           int(target_dict.get("num-cores") or 1))
+    missing = [f"{b['points'][0]} {file_slug(b['shapes'])}" for b in builds if b["untuned_kernels"]]
+    facts.update({
+        "tuned": any(b["tuned_kernels"] for b in builds), "shape_builds": builds,
+        "database": {"dir": f"{db_dir.parent.name}/{db_dir.name}",
+                     "target_key": target_key(target_dict), "found": database is not None},
+        "num_threads": threads, "thread_latency_us": thread_table,
+        "tuning_summary": (f"tuned {len(builds) - len(missing)}/{len(builds)} shapes"
+                           + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
+                              else "")),
+    })
     return StageOutput(out_path, facts)

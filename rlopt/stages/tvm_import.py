@@ -1,0 +1,205 @@
+"""ONNX -> fused Relax IRModule, at the network's dynamic shape or at one static shape.
+
+Shared by the TVM build stage and by tuning (rlopt/tuning.py), so that the workloads tuning
+extracts are exactly the kernels the build later looks up in the database.
+
+Three measured traps shape it (shared notes, and checked by tests):
+- Relax's ONNX frontend cannot compare a symbolic shape scalar (`Gather(Shape(x), 0) > 1`, the
+  batch-vs-single branch): `tensorize_shape_comparisons` rewrites that Gather into a tensor form.
+- The frontend emits BOTH branches of an ONNX `If` into the outer block, so every call computes
+  both paths. At a static shape the condition is known: `fold_static_ifs` inlines the taken
+  branch before import, and the other path disappears.
+- A graph with an If imports without dataflow blocks, so nothing fuses, and
+  `get_default_pipeline` then miscompiles the If. `ConvertToDataflow` followed by the "zero"
+  pipeline fuses and is exact.
+- tanh/exp/erf become their fast vectorizable forms (FastMathTransform), see import_relax.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlopt.lazy import require
+
+COMPARISONS = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual"}
+CONTROL_FLOW = {"If", "Loop", "Scan"}
+Shapes = dict[str, list[int]]
+
+
+def _constant_values(graph: Any) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def tensorize_shape_comparisons(model: Any) -> int:
+    """Rewrite `Gather(Shape(x), scalar)` feeding only comparisons into `Squeeze(Gather(Shape(x), [i]))`.
+
+    Same values, but a tensor instead of a symbolic scalar. Returns the number of rewrites.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    shapes = {out for node in graph.node if node.op_type == "Shape" for out in node.output}
+    constants = _constant_values(graph)
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    rewritten: list[Any] = []
+    count = 0
+    for node in graph.node:
+        index = constants.get(node.input[1]) if node.op_type == "Gather" and len(node.input) > 1 else None
+        users = consumers.get(node.output[0], []) if node.output else []
+        if (index is not None and index.ndim == 0 and node.input[0] in shapes and users
+                and all(user.op_type in COMPARISONS for user in users)):
+            vector_index, gathered = f"{node.output[0]}__index1d", f"{node.output[0]}__gathered1d"
+            rewritten.append(helper.make_node("Constant", [], [vector_index],
+                                              value=numpy_helper.from_array(index.reshape(1).astype(index.dtype))))
+            rewritten.append(helper.make_node("Gather", [node.input[0], vector_index], [gathered], axis=0))
+            rewritten.append(helper.make_node("Squeeze", [gathered], [node.output[0]]))
+            count += 1
+        else:
+            rewritten.append(node)
+    del graph.node[:]
+    graph.node.extend(rewritten)
+    return count
+
+
+def _shape_only_cone(graph: Any, value: str) -> list[Any] | None:
+    """The nodes that compute `value`, if they read graph inputs only through `Shape`; else None."""
+    producers = {out: node for node in graph.node for out in node.output}
+    graph_inputs = {i.name for i in graph.input}
+    cone: dict[int, Any] = {}
+    pending = [value]
+    while pending:
+        name = pending.pop()
+        node = producers.get(name)
+        if node is None or id(node) in cone:
+            continue
+        if node.op_type in CONTROL_FLOW:
+            return None
+        if node.op_type != "Shape" and any(i in graph_inputs for i in node.input):
+            return None
+        cone[id(node)] = node
+        if node.op_type != "Shape":
+            pending.extend(i for i in node.input if i)
+    order = {id(node): index for index, node in enumerate(graph.node)}
+    return sorted(cone.values(), key=lambda node: order[id(node)])
+
+
+def _evaluate_condition(model: Any, cone: list[Any], condition: str, shapes: Shapes) -> bool | None:
+    """Run the shape-only cone on zero inputs of the static shapes (values do not matter, shapes do)."""
+    from onnx import TensorProto, helper
+    from onnx.helper import tensor_dtype_to_np_dtype
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    used = {i for node in cone for i in node.input}
+    inputs = [i for i in graph.input if i.name in used]
+    if any(i.name not in shapes for i in inputs):
+        return None
+    initializers = [init for init in graph.initializer if init.name in used]
+    sub = helper.make_model(
+        helper.make_graph(cone, "condition", inputs, [helper.make_tensor_value_info(condition, TensorProto.BOOL, None)],
+                          initializer=initializers),
+        opset_imports=model.opset_import)
+    feeds = {i.name: np.zeros(shapes[i.name], dtype=tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+             for i in inputs}
+    try:
+        (result,) = ReferenceEvaluator(sub).run(None, feeds)
+    except Exception:  # the reference evaluator raises many types; an unknown condition just stays an If
+        return None
+    result = np.asarray(result)
+    return bool(result.reshape(-1)[0]) if result.size == 1 else None
+
+
+def fold_static_ifs(model: Any, shapes: Shapes) -> int:
+    """Inline the taken branch of every top-level If whose condition depends only on input shapes.
+
+    Returns the number of Ifs folded. Branch-local names that clash with the outer graph are renamed.
+    """
+    from onnx import helper
+
+    graph = model.graph
+    folded = 0
+    for node in list(graph.node):
+        if node.op_type != "If":
+            continue
+        cone = _shape_only_cone(graph, node.input[0])
+        taken = None if cone is None else _evaluate_condition(model, cone, node.input[0], shapes)
+        if taken is None:
+            continue
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if taken else "else_branch"))
+        existing = {name for n in graph.node for name in n.output} | {i.name for i in graph.initializer}
+        existing |= {i.name for i in graph.input}
+        local = {name for n in branch.node for name in n.output} | {i.name for i in branch.initializer}
+        renamed = {name: f"{name}__if{folded}" for name in local if name in existing}
+        inlined = []
+        for inner in branch.node:
+            copy = helper.make_node(inner.op_type, [renamed.get(i, i) for i in inner.input],
+                                    [renamed.get(o, o) for o in inner.output], name=f"{inner.name}__if{folded}",
+                                    domain=inner.domain)
+            copy.attribute.extend(inner.attribute)
+            inlined.append(copy)
+        for init in branch.initializer:
+            copy_init = graph.initializer.add()
+            copy_init.CopyFrom(init)
+            copy_init.name = renamed.get(init.name, init.name)
+        for source, target in zip(branch.output, node.output):
+            inlined.append(helper.make_node("Identity", [renamed.get(source.name, source.name)], [target]))
+        position = list(graph.node).index(node)
+        nodes = list(graph.node)
+        nodes[position:position + 1] = inlined
+        del graph.node[:]
+        graph.node.extend(nodes)
+        folded += 1
+    return folded
+
+
+def fused_kernels(mod: Any) -> list[str]:
+    return sorted(gv.name_hint for gv in mod.functions if gv.name_hint.startswith("fused_"))
+
+
+def scheduled_kernels(mod: Any) -> tuple[list[str], list[str]]:
+    """(scheduled, unscheduled) PrimFunc names: a kernel that got a tuning record carries `tirx.is_scheduled`."""
+    tirx = require("tvm.tirx")
+    scheduled, unscheduled = [], []
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            attrs = func.attrs
+            done = attrs is not None and bool(attrs.get("tirx.is_scheduled", False))
+            (scheduled if done else unscheduled).append(gv.name_hint)
+    return sorted(scheduled), sorted(unscheduled)
+
+
+def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None) -> tuple[Any, dict[str, Any]]:
+    """A fused Relax IRModule (dynamic when `shapes` is None, else static at `shapes`) and import facts.
+
+    `onnx_model` is not modified.
+    """
+    onnx = require("onnx")
+    relax = require("tvm.relax")
+    from_onnx = require("tvm.relax.frontend.onnx").from_onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(onnx_model)
+    facts: dict[str, Any] = {"shape_comparisons_tensorized": tensorize_shape_comparisons(model)}
+    if shapes is not None:
+        facts["ifs_folded"] = fold_static_ifs(model, shapes)
+    mod = from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=False)
+    mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
+    # tanh/exp/erf lower to scalar libm calls per element (tanh was ~60% of the tuned value head at
+    # [8,16,768]); the fast forms vectorize, differ by ~3e-7 here, and the parity gate checks them anyway
+    mod = relax.transform.FastMathTransform()(mod)
+    facts["fast_math"] = True
+    with target:
+        mod = relax.get_pipeline("zero")(mod)
+    facts["fused_kernels"] = fused_kernels(mod)
+    return mod, facts
