@@ -31,11 +31,13 @@ def compile_command(
     json_out: JsonFlag = False,
 ) -> None:
     """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR."""
+    from rlopt.cache import StageCache
     from rlopt.pipeline import compile_recipe
     from rlopt.render import ProgressReporter, parity_failure_table, stage_table, stderr, stdout, summary_table
 
     with ProgressReporter() as reporter:
-        result = compile_recipe(recipe, output, backends=backend, tune_trials=tune_trials, reporter=reporter)
+        result = compile_recipe(recipe, output, backends=backend, tune_trials=tune_trials, reporter=reporter,
+                                cache=StageCache(enabled=not no_cache))
     if json_out:
         _print_json({"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,
                      "seconds": round(result.seconds, 2), "stages": [list(r) for r in reporter.rows],
@@ -44,6 +46,8 @@ def compile_command(
         stdout.print(stage_table(reporter.rows))
         stdout.print(summary_table(result.manifest))
         stdout.print(f"wrote {result.model_dir} in {result.seconds:.1f} s")
+    for warning in result.warnings:
+        stderr.print(f"[yellow]warning[/] {warning}", markup=True, highlight=False)
     if not result.passed:
         stderr.print(parity_failure_table(result.manifest))
         for failure in result.failures:
@@ -103,9 +107,133 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
             notes = record.facts.get("fused_kernels")
             if notes:
                 stdout.print(f"  {backend}: fused kernels {', '.join(notes)}")
+            if record.facts.get("tuning_summary"):
+                stdout.print(f"  {backend}: {record.facts['tuning_summary']}, {record.facts.get('num_threads')} "
+                             f"thread(s), target {record.facts.get('target')}", markup=False)
             if record.facts.get("notice"):
                 stdout.print(f"  {backend}: [yellow]{record.facts['notice']}[/]")
     stdout.print(summary_table(manifest))
+
+
+@app.command("warmup")
+def warmup_command(
+    profile: Annotated[Path, typer.Option("--profile", help="Warmup profile JSON (contract section 6).")],
+    model_dir: Annotated[Optional[Path], typer.Argument(help="A compiled MODEL_DIR (or --model_dir).")] = None,
+    model_dir_option: Annotated[Optional[Path], typer.Option("--model_dir", "--model-dir",
+                                                             help="Same as MODEL_DIR.")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds under load (default: the "
+                                                      "profile's duration_s).")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="Threads sending requests (default: "
+                                                       "the profile's concurrency).")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="auto (fastest verified) or one backend.")] = "auto",
+    json_out: JsonFlag = False,
+) -> None:
+    """Drive a profile's request mix from N threads: cold vs steady latency, consistency under load, SLO."""
+    from rich.markup import escape
+
+    from rlopt.errors import UsageError
+    from rlopt.render import stderr, stdout
+    from rlopt.warmup import LiveDisplay, report_table, run_warmup
+
+    if model_dir is not None and model_dir_option is not None and model_dir != model_dir_option:
+        raise UsageError(f"MODEL_DIR {model_dir} and --model_dir {model_dir_option} differ; fix: give one of them")
+    target = model_dir or model_dir_option
+    if target is None:
+        raise UsageError("no MODEL_DIR; fix: rlopt warmup MODEL_DIR --profile P.json (or --model_dir MODEL_DIR)")
+    with LiveDisplay() as live:
+        result = run_warmup(target, profile, duration_s=duration, concurrency=concurrency, backend=backend,
+                            monitor=live)
+    report = result.report
+    if json_out:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        stdout.print(report_table(report))
+        if report.files:
+            stdout.print(f"wrote {report.files['json']} and {report.files['png']}", markup=False)
+    for failure in report.failures:
+        stderr.print(f"[red]FAIL[/] {escape(failure)}")
+    if result.files_error:
+        raise UsageError(result.files_error)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command("bench")
+def bench_command(
+    model_dir: Annotated[Path, typer.Argument(help="A compiled MODEL_DIR.")],
+    network: Annotated[Optional[str], typer.Option("--network", help="Only this network (default: all).")] = None,
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="The recipe given to 'rlopt compile', for the "
+                                                   "PyTorch eager and torch.compile baselines.")] = None,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds of timed rounds per shape.")] = 2.0,
+    json_out: JsonFlag = False,
+) -> None:
+    """Latency of every built backend and the PyTorch / ONNX Runtime baselines, per profile shape, interleaved."""
+    from rich.markup import escape
+
+    from rlopt.bench import bench_tables, run_bench
+    from rlopt.render import stderr, stdout
+
+    with stderr.status("bench: starting") as status:  # transient: a user error stays one line
+        report = run_bench(model_dir, network, recipe, budget_s=budget,
+                           progress=lambda text: status.update(escape(f"bench: {text}")))
+    if json_out:
+        _print_json(report.model_dump(mode="json"))
+        return
+    for table in bench_tables(report):
+        stdout.print(table)
+
+
+@app.command("tune")
+def tune_command(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML; the database goes to <recipe>.tuning/ next to it.")],
+    trials: Annotated[int, typer.Option("--trials", help="MetaSchedule trials per network per profile shape.")] = 64,
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Stop after S seconds (resumable).")] = None,
+    network: Annotated[Optional[list[str]], typer.Option("--network", help="Only this network (repeatable).")] = None,
+    rpc_tracker: Annotated[Optional[str], typer.Option("--rpc-tracker", help="HOST:PORT of a TVM RPC tracker.")] = None,
+    rpc_key: Annotated[Optional[str], typer.Option("--rpc-key", help="Device key registered with the tracker.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """MetaSchedule-tune every network at each profile shape; compile then applies the database without re-tuning."""
+    from rlopt.render import stderr, stdout
+    from rlopt.tune_progress import TuneProgress, result_table
+    from rlopt.tuning import RpcSpec, tune_recipe
+
+    rpc = RpcSpec.parse(rpc_tracker, rpc_key) if rpc_tracker else None
+    with TuneProgress(stderr) as progress:
+        result = tune_recipe(recipe, trials=trials, time_budget_s=time_budget, rpc=rpc, networks=network,
+                             reporter=progress)
+    if json_out:
+        _print_json(result.summary())
+    else:
+        stdout.print(result_table(result))
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="The stage cache ($RLOPT_CACHE, default ~/.cache/rlopt).")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+def cache_info_command(json_out: JsonFlag = False) -> None:
+    """Where the cache is, how many entries each stage has, and its size."""
+    from rlopt.cache import StageCache
+    from rlopt.render import stdout
+
+    info = StageCache().info()
+    if json_out:
+        _print_json(info)
+        return
+    stdout.print(f"{info['root']}: {info['bytes'] / 1e6:.1f} MB", markup=False)
+    for stage, count in info["entries"].items():
+        stdout.print(f"  {stage}: {count} entries", markup=False)
+
+
+@cache_app.command("clear")
+def cache_clear_command() -> None:
+    """Remove every cache entry."""
+    from rlopt.cache import StageCache
+    from rlopt.render import stdout
+
+    stdout.print(f"removed {StageCache().clear()} entries", markup=False)
 
 
 def main(argv: list[str] | None = None) -> None:

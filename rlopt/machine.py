@@ -30,6 +30,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_identity() -> str:
+    """The CPU model and its feature flags, hashed: code generated for this host is valid for this identity."""
+    import hashlib
+
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu_model()} {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
 def machine_facts() -> dict[str, Any]:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "gpu": gpu_absent_reason() is None}

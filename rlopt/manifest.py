@@ -95,6 +95,9 @@ class NetworkRecord(_Model):
     artifacts: dict[str, BackendRecord]
     selected: str | None = None
     stages: list[dict[str, Any]] = Field(default_factory=list)
+    # Per-network results that belong to no single backend: GEMM padding (padded dims, skipped edges,
+    # exactness), the TensorRT plan (profiles), what each backend did with `precision`, Triton models.
+    facts: dict[str, Any] = Field(default_factory=dict)
 
 
 class Manifest(_Model):

@@ -6,6 +6,7 @@ atomic publish of MODEL_DIR (built in a hidden sibling, renamed into place last)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -17,9 +18,10 @@ from typing import Any, Callable, Protocol
 
 from rlopt import __version__
 from rlopt.errors import BackendUnavailable, StageError, UsageError, located
+from rlopt.cache import CacheHit, StageCache
 from rlopt.lazy import version_of
 from rlopt.locking import exclusive_lock
-from rlopt.machine import machine_facts
+from rlopt.machine import cpu_identity, machine_facts
 from rlopt.manifest import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
@@ -30,6 +32,7 @@ from rlopt.manifest import (
     Manifest,
     NetworkRecord,
     file_record,
+    sha256_file,
     write_json,
 )
 from rlopt.parity import Tolerance
@@ -37,11 +40,14 @@ from rlopt.recipe import BACKENDS, NetworkSpec, Recipe, load_recipe
 from rlopt.reference import Reference, record_reference
 from rlopt.runtime import ranked_backends
 from rlopt.runtime.backends import open_runner
+from rlopt.runtime.tvm_runner import bucket_files
 from rlopt.stages.base import StageOutput
 from rlopt.timing import measure
 from rlopt.verify import check_parity
+from rlopt.gpu_path import precision_record, tolerance_for, write_triton
 
 CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
+CACHED_BUILDS = ("tvm", "tensorrt")
 
 
 class Reporter(Protocol):
@@ -64,6 +70,7 @@ class CompileResult:
     manifest: Manifest
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -82,6 +89,31 @@ def tool_versions() -> dict[str, str | None]:
         "numpy": version_of("numpy"),
         "pydantic": version_of("pydantic"),
     }
+
+
+def rlopt_source_digest() -> str:
+    """sha256 of rlopt's own source: a code change (even without a version bump) invalidates the cache."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+CACHE_VERSIONS = {**{name: version for name, version in tool_versions().items() if name != "pydantic"},
+                  "rlopt_source": rlopt_source_digest()}
+
+
+def tuning_digest(recipe_path: Path) -> str | None:
+    """sha256 over the recipe's tuning database (`<recipe>.tuning/`), so a new record invalidates TVM builds."""
+    folder = recipe_path.parent / f"{recipe_path.stem}.tuning"
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(folder).as_posix()}:{sha256_file(path)}".encode())
+    return digest.hexdigest()
 
 
 def _is_model_dir_or_empty(path: Path) -> bool:
@@ -124,11 +156,42 @@ class _Network:
     """Compiles one network inside the staging directory."""
 
     def __init__(self, recipe: Recipe, recipe_path: Path, name: str, spec: NetworkSpec, staging: Path,
-                 reporter: Reporter) -> None:
+                 reporter: Reporter, cache: StageCache) -> None:
         self.recipe, self.recipe_path, self.name, self.spec = recipe, recipe_path, name, spec
-        self.staging, self.reporter = staging, reporter
+        self.staging, self.reporter, self.cache = staging, reporter, cache
         self.dir = staging / name
         self.stages: list[dict[str, Any]] = []
+        self.scope = f"{recipe.name}/{name}"
+        self.fingerprint = ""
+        self.cache_outcomes: dict[str, str] = {}
+
+    def key(self, **components: Any) -> dict[str, Any]:
+        """Cache key components: what a stage reads, plus the model's identity and every tool's version."""
+        return {"model": self.fingerprint, "versions": CACHE_VERSIONS, **components}
+
+    def cached(self, stage: str, components: dict[str, Any], produce: Callable[[], Any],
+               save: Callable[[Any], tuple[dict[str, Path], dict[str, Any]]],
+               restore: Callable[[CacheHit], Any]) -> Any:
+        """`produce()` unless the cache holds an entry for exactly these components; the outcome is recorded."""
+        hit = self.cache.lookup(stage, components)
+        if hit is not None:
+            result, outcome = restore(hit), "hit"
+        else:
+            outcome = "miss: " + self.cache.explain_miss(self.scope, stage, components) if self.cache.enabled \
+                else "off (--no-cache)"
+            result = produce()
+            files, facts = save(result)
+            self.cache.store(stage, components, files, facts)
+        self.cache.remember(self.scope, stage, components)
+        self.cache_outcomes[stage] = outcome
+        return result
+
+    def new_files(self, before: set[Path]) -> dict[str, Path]:
+        return {p.name: p for p in sorted(self.dir.iterdir()) if p.is_file() and p not in before}
+
+    def restore_files(self, hit: CacheHit) -> None:
+        for name, path in hit.files.items():
+            shutil.copyfile(path, self.dir / name)
 
     def timed(self, stage: str, call: Callable[[], Any], detail: Callable[[Any], str] = lambda _: "") -> Any:
         self.reporter.stage_started(self.name, stage)
@@ -146,22 +209,121 @@ class _Network:
 
     def _finish(self, stage: str, status: str, start: float, detail: str) -> None:
         seconds = time.perf_counter() - start
-        self.stages.append({"stage": stage, "status": status, "seconds": round(seconds, 3), "detail": detail})
+        cache = self.cache_outcomes.pop(stage, None)
+        entry = {"stage": stage, "status": status, "seconds": round(seconds, 3), "detail": detail}
+        if cache is not None:
+            entry["cache"] = cache
+            detail = f"{detail} [cache {cache}]".strip()
+        self.stages.append(entry)
         self.reporter.stage_finished(self.name, stage, status, seconds, detail)
 
     def build_backend(self, backend: str, ts: StageOutput, onnx_out: StageOutput) -> StageOutput:
         from rlopt.stages.onnxruntime_session import check_onnxruntime
         from rlopt.stages.tensorrt import build_engine
         from rlopt.stages.tvm_build import build_tvm
+        from rlopt.stages.tvm_cuda import build_tvm_cuda, is_cuda_target
 
+        source = self.onnx_for(backend, onnx_out.artifact)
+        if backend == "tvm" and is_cuda_target(self.recipe.tvm.target):
+            return self.timed("tvm", lambda: build_tvm_cuda(source, self.recipe.tvm, self.dir,
+                                                            precision=self.spec.precision,
+                                                            recipe_path=self.recipe_path, network=self.name),
+                              lambda out: out.artifact.name if out.artifact else "")
         builders: dict[str, Callable[[], StageOutput]] = {
             "torchscript": lambda: StageOutput(ts.artifact, {"source": "torch.jit.script"}),
-            "onnxruntime": lambda: check_onnxruntime(onnx_out.artifact, self.recipe.onnxruntime),
-            "tvm": lambda: build_tvm(onnx_out.artifact, self.recipe.tvm, self.dir, recipe_path=self.recipe_path,
-                                     network=self.name),
-            "tensorrt": lambda: build_engine(onnx_out.artifact, self.recipe.tensorrt, self.spec, self.dir),
+            "onnxruntime": lambda: self.build_onnxruntime(source, check_onnxruntime),
+            "tvm": lambda: build_tvm(source, self.recipe.tvm, self.dir, recipe_path=self.recipe_path,
+                                     network=self.name, spec=self.spec),
+            "tensorrt": lambda: build_engine(source, self.plan, self.dir, recipe_path=self.recipe_path,
+                                             network=self.name),
         }
-        return self.timed(backend, builders[backend], lambda out: out.artifact.name if out.artifact else "")
+        build = builders[backend]
+        if backend in CACHED_BUILDS and not (backend == "tvm" and self.recipe.tvm.tune_trials > 0):
+            build = self.cached_build(backend, source, build)
+        return self.timed(backend, build, lambda out: (out.artifact.name if out.artifact else "")
+                          + (f" ({out.facts['tuning_summary']})" if out.facts.get("tuning_summary") else ""))
+
+    def cached_build(self, backend: str, source: Path, build: Callable[[], StageOutput]) -> Callable[[], StageOutput]:
+        """A native build keyed by its ONNX input, its recipe section, this CPU and the tuning database."""
+        components = self.key(
+            stage=backend, upstream=sha256_file(source), precision=self.spec.precision,
+            network=self.spec.model_dump(mode="json", include={"inputs", "profiles"}),
+            recipe={"tvm": self.recipe.tvm.model_dump(mode="json"),
+                    "tensorrt": self.recipe.tensorrt.model_dump(mode="json")}[backend],
+            machine=cpu_identity(), tuning_database=tuning_digest(self.recipe_path))
+        before = {p for p in self.dir.iterdir()}
+
+        def produce() -> StageOutput:
+            return build()
+
+        def save(out: StageOutput) -> tuple[dict[str, Path], dict[str, Any]]:
+            assert out.artifact is not None
+            return self.new_files(before), {"artifact": out.artifact.name, "facts": out.facts}
+
+        def restore(hit: CacheHit) -> StageOutput:
+            self.restore_files(hit)
+            return StageOutput(self.dir / hit.facts["artifact"], hit.facts["facts"])
+
+        return lambda: self.cached(backend, components, produce, save, restore)
+
+    def onnx_for(self, backend: str, exported: Path) -> Path:
+        """model.padded.onnx for a backend whose pad_gemm multiple is on (when padding changed anything)."""
+        from rlopt.gpu_path import padding_multiples
+
+        on = padding_multiples(self.recipe).get(backend, 0) > 0
+        return self.padded if (on and getattr(self, "padded", None) is not None) else exported
+
+    def build_onnxruntime(self, source: Path, check: Callable[..., StageOutput]) -> StageOutput:
+        """fp32 ONNX Runtime, or int8 dynamic quantization when the network asks for int8 and it passes its gate."""
+        if self.spec.precision != "int8":
+            return check(source, self.recipe.onnxruntime)
+        from rlopt.gpu_path import tolerance_for
+        from rlopt.stages.quantize import quantize_int8
+
+        quantized = quantize_int8(source, self.dir / "model.int8.onnx", self.reference, kind=self.spec.kind,
+                                  distribution=self.spec.distribution,
+                                  gate=tolerance_for({"precision_built": "int8"}, self.recipe.verify),
+                                  recipe_path=self.recipe_path, network=self.name)
+        assert quantized.artifact is not None
+        return StageOutput(quantized.artifact, {**check(quantized.artifact, self.recipe.onnxruntime).facts,
+                                                **quantized.facts})
+
+    def prepare_gpu_path(self, exported: Path, reference: Reference, failures: list[str]) -> None:
+        """TensorRT plan (validated against the ONNX inputs) and GEMM padding, shared by the GPU backends and Triton."""
+        from rlopt.gpu_path import wanted_multiple
+        from rlopt.lazy import require
+        from rlopt.stages.pad_gemm import pad_gemm
+        from rlopt.tensorrt_plan import make_plan
+
+        self.reference, self.padded = reference, None
+        graph = require("onnx").load(str(exported))
+        self.plan = self.timed("tensorrt plan", lambda: make_plan(self.spec, self.recipe.tensorrt, graph,
+                                                                  recipe_path=self.recipe_path, network=self.name),
+                               lambda plan: f"{len(plan.profiles)} profile(s), {plan.precision}")
+        self.facts: dict[str, Any] = {"tensorrt_plan": self.plan.facts()}
+        multiple = wanted_multiple(self.recipe)
+        if multiple == 0:
+            self.facts["pad_gemm"] = {"applied": False, "pad_gemm": self.recipe.pad_gemm,
+                                      "reason": "off" if self.recipe.pad_gemm == 0 else
+                                      "auto pads only for TensorRT / TVM-CUDA, and neither can build here"}
+            return
+        feeds = [reference.feeds(p, i) for p in reference.points for i in range(reference.samples(p))]
+        padded = self.timed("pad_gemm", lambda: pad_gemm(exported, multiple, self.dir / "model.padded.onnx", feeds,
+                                                          recipe_path=self.recipe_path, network=self.name,
+                                                          pad_outputs=self.recipe.pad_gemm_outputs),
+                            lambda out: f"{len(out.facts['padded'])} edge(s) padded, {len(out.facts['skipped'])} "
+                                        f"skipped" + (f", max diff {out.facts['exactness']['max_abs_diff']:.1e}"
+                                                      if out.artifact else ""))
+        self.facts["pad_gemm"] = padded.facts
+        if padded.artifact is None:
+            return
+        diff = padded.facts["exactness"]["max_abs_diff"]
+        if diff > self.recipe.verify.atol:
+            padded.facts["dropped"] = f"max diff {diff:.3g} vs the unpadded model > atol {self.recipe.verify.atol}"
+            padded.artifact.unlink()
+            failures.append(f"{self.name}/pad_gemm: padded model differs from the unpadded one by {diff:.3g}")
+            return
+        self.padded = padded.artifact
 
     def run(self, model: Any) -> tuple[NetworkRecord, list[str]]:
         from rlopt.stages.export_onnx import export_onnx
@@ -171,21 +333,45 @@ class _Network:
         spec, verify = self.spec, self.recipe.verify
         self.dir.mkdir()
         module = submodule(model, spec.module, self.recipe_path, self.name)
-        reference: Reference = self.timed(
-            "reference",
-            lambda: record_reference(module, spec, verify.samples, verify.seed, recipe_path=self.recipe_path,
-                                     network=self.name),
-            lambda ref: f"{len(ref.points)} shapes x {verify.samples} samples")
-        reference.save(self.dir / "reference.npz")
         ts = self.timed("script", lambda: script_network(module, self.dir / "model.ts", recipe_path=self.recipe_path,
                                                          network=self.name, module_path=spec.module))
-        onnx_out = self.timed("onnx", lambda: export_onnx(self.dir / "model.ts", spec, self.recipe.onnx.opset,
-                                                          self.dir / "model.onnx", recipe_path=self.recipe_path,
-                                                          network=self.name),
-                              lambda out: f"opset {out.facts['opset']}, {out.facts['if_nodes']} If")
+        self.fingerprint = ts.facts["fingerprint"]
+        interface = spec.model_dump(mode="json", include={"inputs", "outputs", "kind", "distribution"})
+        reference_path = self.dir / "reference.npz"
+
+        def record() -> Reference:
+            produced = record_reference(module, spec, verify.samples, verify.seed, recipe_path=self.recipe_path,
+                                        network=self.name)
+            produced.save(reference_path)
+            return produced
+
+        def restore_reference(hit: CacheHit) -> Reference:
+            self.restore_files(hit)
+            return Reference.load(reference_path, list(spec.inputs), list(spec.outputs))
+
+        reference: Reference = self.timed(
+            "reference",
+            lambda: self.cached("reference", self.key(stage="reference", network=interface,
+                                                      verify={"samples": verify.samples, "seed": verify.seed}),
+                                record, lambda _: ({"reference.npz": reference_path}, {}), restore_reference),
+            lambda ref: f"{len(ref.points)} shapes x {verify.samples} samples")
+        onnx_path = self.dir / "model.onnx"
+
+        def restore_onnx(hit: CacheHit) -> StageOutput:
+            self.restore_files(hit)
+            return StageOutput(onnx_path, hit.facts)
+
+        onnx_out = self.timed(
+            "onnx",
+            lambda: self.cached("onnx", self.key(stage="onnx", network=interface, opset=self.recipe.onnx.opset),
+                                lambda: export_onnx(self.dir / "model.ts", spec, self.recipe.onnx.opset, onnx_path,
+                                                    recipe_path=self.recipe_path, network=self.name),
+                                lambda out: ({"model.onnx": onnx_path}, out.facts), restore_onnx),
+            lambda out: f"opset {out.facts['opset']}, {out.facts['if_nodes']} If")
         artifacts: dict[str, BackendRecord] = {}
         failures: list[str] = []
         built: dict[str, StageOutput] = {}
+        self.prepare_gpu_path(onnx_out.artifact, reference, failures)
         for backend in self.recipe.backends:
             try:
                 built[backend] = self.build_backend(backend, ts, onnx_out)
@@ -194,9 +380,9 @@ class _Network:
             except StageError as exc:
                 artifacts[backend] = BackendRecord(skipped=f"build failed: {exc}")
                 failures.append(f"{self.name}/{backend}: build failed: {exc}")
-        tol = Tolerance(verify.atol, verify.rtol, verify.max_kl)
         for backend, output in built.items():
-            artifacts[backend], failure = self.verify_and_time(backend, output, reference, tol)
+            artifacts[backend], failure = self.verify_and_time(backend, output, reference,
+                                                               tolerance_for(output.facts, verify))
             if failure:
                 failures.append(failure)
         record = NetworkRecord(
@@ -211,6 +397,14 @@ class _Network:
             artifacts={b: artifacts[b] for b in self.recipe.backends},
             stages=self.stages,
         )
+        if self.padded is not None:
+            record.files["model.padded.onnx"] = file_record(self.staging, self.padded)
+        record.facts = {**self.facts, "precision": precision_record(spec, record.artifacts)}
+        triton = self.timed("triton", lambda: write_triton(self.staging, self.recipe.name, self.name, record.artifacts,
+                                                           self.plan, reference, spec),
+                            lambda files: f"{len(files) // 2} model(s)")
+        record.files.update(triton)
+        record.facts["triton"] = sorted({path.split("/")[1] for path in triton})
         ranked = ranked_backends(record)
         record.selected = ranked[0] if ranked else None
         if record.selected is None:
@@ -219,23 +413,49 @@ class _Network:
 
     def verify_and_time(self, backend: str, output: StageOutput, reference: Reference,
                         tol: Tolerance) -> tuple[BackendRecord, str | None]:
+        """Parity and latency, reused from the cache when the artifact, reference and tolerance are unchanged."""
+        assert output.artifact is not None
+        files = [output.artifact, *(self.staging / f["path"] for f in bucket_files(output.facts))]
+        identity = self.fingerprint if backend == "torchscript" else [sha256_file(f) for f in files]
+        components = self.key(stage=f"verify {backend}", artifact=identity, facts=output.facts,
+                              reference=sha256_file(self.dir / "reference.npz"), tolerance=tol.__dict__,
+                              kind=self.spec.kind, distribution=self.spec.distribution, machine=cpu_identity())
+
+        def restore(hit: CacheHit) -> tuple[BackendRecord, str | None]:
+            record = BackendRecord.model_validate(hit.facts["record"])
+            current = file_record(self.staging, output.artifact)
+            record.path, record.sha256, record.bytes = current.path, current.sha256, current.bytes
+            return record, hit.facts["failure"]
+
+        def summary(result: tuple[BackendRecord, str | None]) -> str:
+            parity = result[0].parity
+            if parity is None:
+                return result[1] or result[0].facts.get("not_verified", "")
+            latency = ", ".join(f"{p} p50 {v.p50:.0f}us" for p, v in result[0].latency_us.items())
+            return ("ok" if parity.passed else "FAILED") + f" max_abs {parity.max_abs:.2e}" + \
+                (f"; {latency}" if latency else "")
+
+        return self.timed(f"verify {backend}", lambda: self.cached(
+            f"verify {backend}", components, lambda: self.measure_backend(backend, output, reference, tol),
+            lambda result: ({}, {"record": result[0].model_dump(mode="json"), "failure": result[1]}), restore),
+            summary)
+
+    def measure_backend(self, backend: str, output: StageOutput, reference: Reference,
+                        tol: Tolerance) -> tuple[BackendRecord, str | None]:
         assert output.artifact is not None
         facts = dict(output.facts)
-        if self.spec.precision != "fp32" and backend in CPU_BACKENDS:
+        if self.spec.precision != "fp32" and backend in CPU_BACKENDS and "precision_built" not in facts:
             facts["notice"] = f"precision {self.spec.precision} not applied: {backend} runs fp32 on this CPU"
         record = file_record(self.staging, output.artifact)
         base = BackendRecord(path=record.path, sha256=record.sha256, bytes=record.bytes, facts=facts)
         try:
             runner = open_runner(backend, output.artifact, list(self.spec.inputs), facts)
         except BackendUnavailable as exc:
-            base.skipped = str(exc)
+            base.facts.update({"verified": False, "not_verified": str(exc)})
             return base, None
         try:
             try:
-                parity = self.timed(f"verify {backend}",
-                                    lambda: check_parity(runner.infer, reference, self.spec.kind,
-                                                         self.spec.distribution, tol),
-                                    lambda p: ("ok" if p.passed else "FAILED") + f" max_abs {p.max_abs:.2e}")
+                parity = check_parity(runner.infer, reference, self.spec.kind, self.spec.distribution, tol)
             except Exception as exc:  # the backend itself failed on recorded inputs: a verification failure
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 base.facts["verify_error"] = f"{type(exc).__name__}: {first}"
@@ -243,6 +463,13 @@ class _Network:
             base.parity = parity
             if not parity.passed:
                 return base, f"{self.name}/{backend}: parity failed (max_abs {parity.max_abs:.3g})"
+            # code paths `infer` may skip on the reference shapes (TVM's dynamic fallback) pass the same gate
+            for variant, infer in getattr(runner, "parity_variants", dict)().items():
+                extra = check_parity(infer, reference, self.spec.kind, self.spec.distribution, tol)
+                base.facts.setdefault("variant_parity", {})[variant] = extra.model_dump(mode="json")
+                if not extra.passed:
+                    base.parity = extra
+                    return base, f"{self.name}/{backend} ({variant}): parity failed (max_abs {extra.max_abs:.3g})"
             latencies = {}
             for point in reference.points:
                 feeds = reference.feeds(point, 0)
@@ -250,8 +477,6 @@ class _Network:
                 latencies[point] = Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2),
                                            p99=round(stats.p99_us, 2), iterations=stats.iterations)
             base.latency_us = latencies
-            self.stages.append({"stage": f"latency {backend}", "status": "ok", "seconds": 0.0,
-                                "detail": ", ".join(f"{p} p50 {v.p50:.0f}us" for p, v in latencies.items())})
         finally:
             runner.close()
         return base, None
@@ -275,9 +500,14 @@ def default_output_dir(recipe: Recipe) -> Path:
 
 
 def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *, backends: list[str] | None = None,
-                   tune_trials: int | None = None, reporter: Reporter | None = None) -> CompileResult:
-    """Compile every network of a recipe into MODEL_DIR; returns the manifest and any verification failures."""
+                   tune_trials: int | None = None, reporter: Reporter | None = None,
+                   cache: StageCache | None = None) -> CompileResult:
+    """Compile every network of a recipe into MODEL_DIR; returns the manifest and any verification failures.
+
+    `cache` defaults to the stage cache under $RLOPT_CACHE; pass StageCache(enabled=False) to bypass it.
+    """
     started = time.perf_counter()
+    cache = cache if cache is not None else StageCache()
     recipe_path = Path(recipe_path)
     reporter = reporter or _Silent()
     recipe = resolve_options(load_recipe(recipe_path), backends, tune_trials, recipe_path)
@@ -298,7 +528,8 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             networks: dict[str, NetworkRecord] = {}
             failures: list[str] = []
             for name, spec in recipe.networks.items():
-                record, network_failures = _Network(recipe, recipe_path, name, spec, staging, reporter).run(model)
+                record, network_failures = _Network(recipe, recipe_path, name, spec, staging, reporter,
+                                                    cache).run(model)
                 networks[name] = record
                 failures.extend(network_failures)
             manifest = Manifest(
@@ -312,7 +543,7 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    return CompileResult(out_dir, manifest, failures, time.perf_counter() - started)
+    return CompileResult(out_dir, manifest, failures, time.perf_counter() - started, list(cache.warnings))
 
 
 __all__ = ["compile_recipe", "CompileResult", "Reporter", "FileRecord"]

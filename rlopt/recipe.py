@@ -72,6 +72,14 @@ class InputSpec(_Strict):
         return [i for i, (lo, hi) in enumerate(zip(self.min, self.max)) if lo != hi]
 
 
+class ProfileRange(_Strict):
+    """One input's min/opt/max inside an extra TensorRT optimization profile."""
+
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+
 class NetworkSpec(_Strict):
     """One network compiled on its own: a submodule of the model, its inputs and outputs."""
 
@@ -81,6 +89,9 @@ class NetworkSpec(_Strict):
     inputs: dict[str, InputSpec]
     outputs: list[str]
     precision: Precision = "fp32"
+    # Extra TensorRT optimization profiles (input -> min/opt/max), each inside the inputs' [min, max];
+    # profile 0 is always the inputs' own min/opt/max. Checked in rlopt.tensorrt_plan.
+    profiles: list[dict[str, ProfileRange]] = Field(default_factory=list)
 
     @field_validator("inputs")
     @classmethod
@@ -145,12 +156,20 @@ class OnnxRuntimeConfig(_Strict):
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"])
 
 
+class ReducedPrecisionTolerance(_Strict):
+    atol: float = Field(default=1.0e-2, ge=0)
+    rtol: float = Field(default=1.0e-2, ge=0)
+    max_kl: float = Field(default=1.0e-3, ge=0)
+
+
 class VerifyConfig(_Strict):
     samples: int = Field(default=32, ge=1, le=1024)
     atol: float = Field(default=1.0e-4, ge=0)
     rtol: float = Field(default=1.0e-3, ge=0)
     max_kl: float = Field(default=1.0e-4, ge=0)
     seed: int = 0
+    # Gate for artifacts built in reduced precision (fp16/bf16 engines, int8 ONNX Runtime).
+    reduced_precision: ReducedPrecisionTolerance = Field(default_factory=lambda: ReducedPrecisionTolerance())
 
 
 class Recipe(_Strict):
@@ -159,6 +178,8 @@ class Recipe(_Strict):
     networks: dict[str, NetworkSpec]
     backends: list[Backend] = Field(default_factory=lambda: list(BACKENDS))
     pad_gemm: int | Literal["auto"] = "auto"
+    # Also pad layers whose N cannot pass its padding on (the output head, a LayerNorm input) and slice back.
+    pad_gemm_outputs: bool = False
     onnx: OnnxConfig = Field(default_factory=OnnxConfig)
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
     tvm: TvmConfig = Field(default_factory=TvmConfig)

@@ -74,7 +74,9 @@ def summary_table(manifest: Manifest, title: str = "") -> Table:
                 continue
             cells = [f"{_fmt_us(lat.p50)} / {_fmt_us(lat.p99)}" if (lat := record.latency_us.get(p)) else "-"
                      for p in points]
-            table.add_row(name, label, record.path or "-", parity_text(record.parity), *cells)
+            parity = (f"[yellow]not verified[/]: {record.facts['not_verified']}"
+                      if record.facts.get("verified") is False else parity_text(record.parity))
+            table.add_row(name, label, record.path or "-", parity, *cells)
     table.caption = "* = selected (fastest verified at the opt shape); latency is a short measurement, see rlopt bench"
     return table
 

@@ -38,6 +38,14 @@ verify:
 """
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tests (and the CLI subprocesses they start) use their own stage cache, never the user's."""
+    root = tmp_path_factory.mktemp("rlopt-cache")
+    os.environ["RLOPT_CACHE"] = str(root)
+    return root
+
+
 def write_tiny_recipe(folder: Path, backends: str = "[torchscript, onnxruntime, tvm, tensorrt]",
                       extra: str = "", name: str = "tiny.yaml") -> Path:
     """A recipe in `folder` with the default recipe's model code copied beside it."""

@@ -181,4 +181,14 @@ def test_recompile_replaces_previous_model_dir(tmp_path: Path) -> None:
     first = compile_recipe(recipe, tmp_path / "out").manifest.created_at
     second = compile_recipe(recipe, tmp_path / "out")
     assert second.passed and read_manifest(tmp_path / "out").created_at >= first
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".out.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_missing_artifact_is_named_by_verify_and_load(tiny_copy: Path) -> None:
+    (tiny_copy / "policy" / "model.onnx").unlink()
+    report = verify_model_dir(tiny_copy)
+    assert not report.passed
+    assert any("policy/model.onnx" in f.detail and "missing" in f.detail for f in report.findings if not f.ok)
+    with pytest.raises(ArtifactError, match="missing"):
+        rlopt.load(tiny_copy, "policy", backend="onnxruntime")
+    assert rlopt.load(tiny_copy, "policy", backend="torchscript").backend == "torchscript"

@@ -12,6 +12,7 @@ from rlopt.errors import ArtifactError, UsageError, located
 from rlopt.manifest import (
     MANIFEST_NAME,
     BackendRecord,
+    FileRecord,
     InputProfile,
     Manifest,
     NetworkRecord,
@@ -20,6 +21,7 @@ from rlopt.manifest import (
     read_manifest,
 )
 from rlopt.runtime.backends import Runner, open_runner, unavailable_reason
+from rlopt.runtime.tvm_runner import bucket_files
 
 KNOWN_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
 NATIVE_BACKENDS: tuple[str, ...] = ("tvm", "tensorrt")
@@ -127,6 +129,10 @@ def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: 
     if artifact.skipped:
         raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}.artifacts.{backend}",
                                     f"skipped at compile time: {artifact.skipped}", "use another backend or auto"))
+    if artifact.facts.get("verified") is False:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}.artifacts.{backend}",
+                                    f"built but never verified: {artifact.facts.get('not_verified')}",
+                                    "recompile MODEL_DIR on a machine that can run it"))
     if not artifact.verified:
         raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}.artifacts.{backend}",
                                     "failed verification at compile time", "fix the parity failure and recompile"))
@@ -137,6 +143,8 @@ def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_
     """Open a backend's artifact after its sha256 matches; native code is loaded from a checked private copy."""
     if backend in NATIVE_BACKENDS:
         with tempfile.TemporaryDirectory(prefix="rlopt-load-") as private:
+            for extra in bucket_files(artifact.facts):  # TVM's per-shape libraries travel with the main one
+                checked_private_copy(model_dir, FileRecord.model_validate(extra), Path(private))
             return open_runner(backend, checked_private_copy(model_dir, artifact, Path(private)), input_names,
                                artifact.facts)
     return open_runner(backend, checked_file(model_dir, artifact), input_names, artifact.facts)

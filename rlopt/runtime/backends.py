@@ -6,7 +6,6 @@ imported only when a runner of that backend is opened.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -15,6 +14,7 @@ import numpy as np
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.lazy import require
 from rlopt.machine import gpu_absent_reason
+from rlopt.runtime.tensorrt_runner import TensorRTRunner
 
 
 class Runner(Protocol):
@@ -86,34 +86,8 @@ def tvm_device_kind(target: dict[str, Any]) -> str:
     return "cuda" if target.get("kind") == "cuda" else "cpu"
 
 
-class TvmRunner:
-    def __init__(self, path: Path, input_names: list[str], facts: dict[str, Any]) -> None:
-        os.environ.setdefault("TVM_NUM_THREADS", str(facts.get("num_threads") or os.cpu_count() or 1))
-        tvm = require("tvm")
-        relax = require("tvm.relax")
-        self._tvm = tvm
-        kind = tvm_device_kind(facts.get("target", {}))
-        self._device = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
-        if kind == "cuda" and not self._device.exist:
-            raise BackendUnavailable("TVM library targets CUDA but no CUDA device is present here")
-        try:
-            library = tvm.runtime.load_module(str(path))
-        except Exception as exc:  # tvm raises TVMError subclasses of its own for a bad .so
-            raise ArtifactError(located(path, "", f"TVM cannot load it ({str(exc).splitlines()[0]})",
-                                        "recompile MODEL_DIR")) from None
-        self._vm = relax.VirtualMachine(library, self._device)
-        self._main = self._vm["main"]
-        self._names = input_names
-
-    def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        tensor = self._tvm.runtime.tensor
-        result = self._main(*[tensor(feeds[name], device=self._device) for name in self._names])
-        return [t.numpy() for t in _flatten(result)]
-
-    def close(self) -> None:
-        self._main = None
-        self._vm = None
-
+# TVM: exact-shape dispatch over tuned static libraries, dynamic fallback, zero-copy call path
+from rlopt.runtime.tvm_runner import TvmRunner  # noqa: E402
 
 RunnerFactory = Callable[[Path, list[str], dict[str, Any]], Runner]
 
@@ -121,6 +95,7 @@ RUNNERS: dict[str, RunnerFactory] = {
     "torchscript": TorchScriptRunner,
     "onnxruntime": OnnxRuntimeRunner,
     "tvm": TvmRunner,
+    "tensorrt": TensorRTRunner,
 }
 
 
@@ -138,6 +113,12 @@ def unavailable_reason(backend: str, facts: dict[str, Any] | None = None) -> str
         wanted = [p for p in facts.get("providers", []) if p != "CPUExecutionProvider"]
         if wanted and gpu_absent_reason():
             return f"providers {wanted} need a GPU: {gpu_absent_reason()}"
+    if backend == "tvm" and facts.get("cpu_features"):
+        from rlopt.runtime.cpu_features import missing_features
+
+        lacking = missing_features(list(facts["cpu_features"]))
+        if lacking:
+            return f"built for mcpu '{facts.get('target', {}).get('mcpu')}', this CPU lacks {', '.join(lacking[:6])}"
     if backend not in RUNNERS:
         return f"no runtime for '{backend}' on this machine"
     return None

@@ -1,0 +1,69 @@
+"""The stage cache inside a real compile: hits on an unchanged recipe, explained misses, corrupt entries rebuilt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlopt.cache import StageCache
+from rlopt.manifest import read_manifest
+from rlopt.pipeline import compile_recipe
+from rlopt.verify import verify_model_dir
+from tests.conftest import run_rlopt, write_tiny_recipe
+
+CACHED = ("reference", "onnx", "tvm", "verify torchscript", "verify onnxruntime", "verify tvm")
+
+
+def _outcomes(model_dir: Path, network: str = "policy") -> dict[str, str]:
+    return {s["stage"]: s.get("cache", "") for s in read_manifest(model_dir).networks[network].stages}
+
+
+def test_warm_compile_hits_every_cached_stage_and_stays_correct(tmp_path: Path) -> None:
+    cache = StageCache(tmp_path / "cache")
+    recipe = write_tiny_recipe(tmp_path, backends="[torchscript, onnxruntime, tvm]")
+    cold = compile_recipe(recipe, tmp_path / "out", cache=cache)
+    assert cold.passed and all(_outcomes(tmp_path / "out")[s].startswith("miss") for s in CACHED)
+    warm = compile_recipe(recipe, tmp_path / "out", cache=cache)
+    assert warm.passed
+    outcomes = _outcomes(tmp_path / "out")
+    assert all(outcomes[s] == "hit" for s in CACHED), outcomes
+    assert verify_model_dir(tmp_path / "out").passed
+    before = read_manifest(tmp_path / "out").networks["policy"].artifacts
+    assert before["tvm"].sha256 == cold.manifest.networks["policy"].artifacts["tvm"].sha256
+
+
+def test_a_changed_recipe_field_misses_with_the_reason(tmp_path: Path) -> None:
+    cache = StageCache(tmp_path / "cache")
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    compile_recipe(recipe, tmp_path / "out", cache=cache)
+    recipe.write_text(recipe.read_text().replace("samples: 4", "samples: 3"))
+    compile_recipe(recipe, tmp_path / "out", cache=cache)
+    outcomes = _outcomes(tmp_path / "out")
+    assert outcomes["reference"] == "miss: verify.samples changed"
+    assert outcomes["onnx"] == "hit", "the ONNX export does not depend on verify.samples"
+    recipe.write_text(recipe.read_text().replace("seed: 3", "seed: 4"))
+    compile_recipe(recipe, tmp_path / "out", cache=cache)
+    assert _outcomes(tmp_path / "out")["onnx"] == "miss: model changed", "new weights change the model identity"
+
+
+def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
+    cache = StageCache(tmp_path / "cache")
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime, tvm]")
+    compile_recipe(recipe, tmp_path / "out", cache=cache)
+    for library in (tmp_path / "cache" / "tvm").glob("*/*.so"):
+        data = bytearray(library.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        library.write_bytes(bytes(data))
+    result = compile_recipe(recipe, tmp_path / "out", cache=StageCache(tmp_path / "cache"))
+    assert result.passed and any("corrupt" in w for w in result.warnings)
+    assert _outcomes(tmp_path / "out")["tvm"].startswith("miss")
+    assert verify_model_dir(tmp_path / "out").passed
+
+
+def test_no_cache_flag_and_cache_commands(tmp_path: Path) -> None:
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--no-cache")
+    assert proc.returncode == 0, proc.stderr
+    assert _outcomes(tmp_path / "out")["onnx"] == "off (--no-cache)"
+    info = run_rlopt("cache", "info", "--json")
+    assert info.returncode == 0 and '"entries"' in info.stdout
+    assert run_rlopt("cache", "clear").returncode == 0
