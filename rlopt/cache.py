@@ -55,8 +55,10 @@ def explain_change(previous: dict[str, Any] | None, current: dict[str, Any]) -> 
     for name in sorted(set(old) | set(new)):
         if old.get(name) == new.get(name):
             continue
-        if name.startswith("versions."):
+        if name.startswith("versions.") and max(len(str(old.get(name))), len(str(new.get(name)))) <= 24:
             reasons.append(f"{name.removeprefix('versions.')} {old.get(name)} -> {new.get(name)}")
+        elif name.startswith("versions."):
+            reasons.append(f"{name.removeprefix('versions.')} changed")
         elif name.startswith("upstream"):
             reasons.append(f"{name} changed (upstream artifact)")
         else:

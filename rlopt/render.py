@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -39,7 +40,7 @@ class ProgressReporter:
         task = self._tasks.get((network, stage))
         if task is not None:
             self._progress.update(task, completed=1,
-                                  description=f"[bold]{network}[/] {stage} [{style}]{status}[/] {detail}")
+                                  description=f"[bold]{network}[/] {stage} [{style}]{status}[/] {escape(detail)}")
         self.rows.append((network, stage, status, seconds, detail))
 
 
@@ -70,7 +71,7 @@ def summary_table(manifest: Manifest, title: str = "") -> Table:
         for backend, record in network.artifacts.items():
             label = backend + (" *" if backend == network.selected else "")
             if record.skipped:
-                table.add_row(name, label, "[yellow]skipped[/]", record.skipped, "", "", "")
+                table.add_row(name, label, "[yellow]skipped[/]", escape(record.skipped), "", "", "")
                 continue
             cells = [f"{_fmt_us(lat.p50)} / {_fmt_us(lat.p99)}" if (lat := record.latency_us.get(p)) else "-"
                      for p in points]
@@ -86,7 +87,7 @@ def stage_table(rows: list[tuple[str, str, str, float, str]]) -> Table:
     for column in ("network", "stage", "status", "time", "detail"):
         table.add_column(column, overflow="fold")
     for network, stage, status, seconds, detail in rows:
-        table.add_row(network, stage, status, f"{seconds:.2f} s", detail)
+        table.add_row(network, stage, status, f"{seconds:.2f} s", escape(detail))
     return table
 
 
@@ -98,7 +99,7 @@ def parity_failure_table(manifest: Manifest) -> Table:
     for name, network in manifest.networks.items():
         for backend, record in network.artifacts.items():
             if record.skipped and record.skipped.startswith("build failed"):
-                table.add_row(name, backend, "-", "-", "-", "-", "-", record.skipped)
+                table.add_row(name, backend, "-", "-", "-", "-", "-", escape(record.skipped))
             if record.parity is None or record.parity.passed:
                 continue
             for out in record.parity.outputs:
@@ -107,7 +108,7 @@ def parity_failure_table(manifest: Manifest) -> Table:
                 table.add_row(name, backend, out.name, f"{out.max_abs:.3e}", f"{out.max_rel:.3e}",
                               f"{out.needed_atol:.3e} (rtol {network.tolerance['rtol']:g})",
                               "-" if out.kl is None else f"{out.kl:.3e} (max_kl {network.tolerance['max_kl']:g})",
-                              out.reason or "outside atol/rtol")
+                              escape(out.reason or "outside atol/rtol"))
             if record.parity.compared == 0:
                 table.add_row(name, backend, "-", "-", "-", "-", "-", "nothing was compared")
     return table

@@ -61,6 +61,9 @@ def test_miss_reasons_name_what_changed(tmp_path: Path) -> None:
     retarget = {**COMPONENTS, "recipe": {"tvm": {"target": {"kind": "llvm", "mcpu": "znver4"}}}}
     assert explain_change(COMPONENTS, retarget) == "recipe.tvm.target.mcpu changed"
     assert "upstream" in explain_change(COMPONENTS, {**COMPONENTS, "upstream": "def"})
+    source = {**COMPONENTS, "versions": {**COMPONENTS["versions"], "rlopt_source": "a" * 64}}
+    assert explain_change(source, {**source, "versions": {**source["versions"], "rlopt_source": "b" * 64}}) == \
+        "rlopt_source changed"
     cache = StageCache(tmp_path / "cache")
     cache.remember("tiny/policy", "onnx", COMPONENTS)
     assert cache.explain_miss("tiny/policy", "onnx", newer) == "onnx 1.23.2 -> 1.24.0"

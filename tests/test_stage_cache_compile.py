@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rlopt.cache import StageCache
 from rlopt.manifest import read_manifest
 from rlopt.pipeline import compile_recipe
@@ -59,11 +61,17 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
     assert verify_model_dir(tmp_path / "out").passed
 
 
-def test_no_cache_flag_and_cache_commands(tmp_path: Path) -> None:
+def test_no_cache_flag_and_cache_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLOPT_CACHE", str(tmp_path / "private-cache"))
     recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
     proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--no-cache")
     assert proc.returncode == 0, proc.stderr
     assert _outcomes(tmp_path / "out")["onnx"] == "off (--no-cache)"
+    first = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"))
+    second = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"))
+    assert first.returncode == second.returncode == 0
+    assert "[cache miss: first compile of this stage]" in first.stdout, "the summary shows the outcome verbatim"
+    assert "[cache hit]" in second.stdout
     info = run_rlopt("cache", "info", "--json")
     assert info.returncode == 0 and '"entries"' in info.stdout
     assert run_rlopt("cache", "clear").returncode == 0
