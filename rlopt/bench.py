@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel
 
-from rlopt.errors import ArtifactError, BackendUnavailable, RloptError, UsageError, located
+from rlopt.errors import ArtifactError, BackendUnavailable, RloptError, UsageError, describe_exception, located
 from rlopt.lazy import require
 from rlopt.machine import machine_facts
 from rlopt.manifest import Manifest, NetworkRecord, checked_file, read_manifest
@@ -112,11 +112,6 @@ class Candidate:
     prepare: Callable[[dict[str, np.ndarray]], Call]
     close: Callable[[], None] = lambda: None
     facts: dict[str, Any] = field(default_factory=dict)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def usable_cores() -> int:
@@ -334,7 +329,7 @@ def time_interleaved(calls: dict[str, Call], budget_s: float, min_rounds: int = 
             estimate += (time.perf_counter() - start) * BLOCK_CALLS
             live[name] = call
         except Exception as exc:  # a baseline may fail here (e.g. torch.compile without a compiler)
-            failures[name] = _first_line(exc)
+            failures[name] = describe_exception(exc)
     rounds = int(min(max_rounds, max(min_rounds, budget_s / max(estimate, 1e-7))))
     timed = BLOCK_CALLS - 1
     names = list(live)

@@ -18,6 +18,18 @@ def located(file: object, field: str, problem: str, fix: str) -> str:
     return f"{where}: {problem}; fix: {fix}"
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (tool errors span many), or its type when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def describe_exception(exc: BaseException) -> str:
+    """'TypeName: first line', for errors raised by code that is not rlopt's (user models, libraries)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 class RecipeError(RloptError):
     """The recipe, its model code or its checkpoint is wrong (exit 2)."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from rlopt import __version__
-from rlopt.errors import BackendUnavailable, StageError, UsageError, located
+from rlopt.errors import BackendUnavailable, StageError, UsageError, describe_exception, located
 from rlopt.cache import CacheHit, StageCache
 from rlopt.lazy import version_of
 from rlopt.locking import exclusive_lock
@@ -457,9 +457,8 @@ class _Network:
             try:
                 parity = check_parity(runner.infer, reference, self.spec.kind, self.spec.distribution, tol)
             except Exception as exc:  # the backend itself failed on recorded inputs: a verification failure
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                base.facts["verify_error"] = f"{type(exc).__name__}: {first}"
-                return base, f"{self.name}/{backend}: running the artifact raised {type(exc).__name__}: {first}"
+                base.facts["verify_error"] = describe_exception(exc)
+                return base, f"{self.name}/{backend}: running the artifact raised {describe_exception(exc)}"
             base.parity = parity
             if not parity.passed:
                 return base, f"{self.name}/{backend}: parity failed (max_abs {parity.max_abs:.3g})"

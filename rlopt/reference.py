@@ -11,8 +11,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from rlopt.errors import ArtifactError, RecipeError, located
+from rlopt.errors import ArtifactError, RecipeError, first_line, located
 from rlopt.recipe import PROFILE_POINTS, InputSpec, NetworkSpec
+from rlopt.runtime.outputs import flatten_outputs
 
 
 def profile_points(inputs: dict[str, InputSpec]) -> list[str]:
@@ -81,12 +82,6 @@ class Reference:
         return cls(arrays, input_names, output_names)
 
 
-def _as_outputs(result: Any) -> list[Any]:
-    if isinstance(result, (tuple, list)):
-        return [leaf for item in result for leaf in _as_outputs(item)]
-    return [result]
-
-
 def record_reference(module: Any, spec: NetworkSpec, samples: int, seed: int, *, recipe_path: Path,
                      network: str) -> Reference:
     """Run the eager PyTorch module on random inputs at each profile point."""
@@ -103,12 +98,12 @@ def record_reference(module: Any, spec: NetworkSpec, samples: int, seed: int, *,
                 with torch.inference_mode():
                     result = module(*[torch.from_numpy(feeds[name]) for name in spec.inputs])
             except Exception as exc:  # the user's forward may raise anything
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                first = first_line(exc)
                 raise RecipeError(located(recipe_path, f"networks.{network}.inputs",
                                           f"the module's forward fails at the {point} shape "
                                           f"{ {n: s.dims(point) for n, s in spec.inputs.items()} }: {first}",
                                           "give input shapes and dtypes the module accepts")) from None
-            outputs = _as_outputs(result)
+            outputs = flatten_outputs(result)
             if len(outputs) != len(spec.outputs) or not all(isinstance(o, torch.Tensor) for o in outputs):
                 raise RecipeError(located(recipe_path, f"networks.{network}.outputs",
                                           f"the module returns {len(outputs)} output(s), the recipe names "

@@ -14,6 +14,7 @@ import numpy as np
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.lazy import require
 from rlopt.machine import gpu_absent_reason
+from rlopt.runtime.outputs import flatten_outputs
 from rlopt.runtime.tensorrt_runner import TensorRTRunner
 
 
@@ -21,13 +22,6 @@ class Runner(Protocol):
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
 
     def close(self) -> None: ...
-
-
-def _flatten(value: Any) -> list[Any]:
-    """Tensors are leaves; tuples, lists and TVM Arrays of them are flattened in order."""
-    if hasattr(value, "numpy") or not hasattr(value, "__iter__"):
-        return [value]
-    return [leaf for item in value for leaf in _flatten(item)]
 
 
 class TorchScriptRunner:
@@ -45,7 +39,7 @@ class TorchScriptRunner:
         torch = self._torch
         with torch.inference_mode():
             result = self._module(*[torch.from_numpy(feeds[name]) for name in self._names])
-        return [t.detach().numpy() for t in _flatten(result)]
+        return [t.detach().numpy() for t in flatten_outputs(result)]
 
     def close(self) -> None:
         self._module = None

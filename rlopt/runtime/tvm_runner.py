@@ -22,15 +22,10 @@ import numpy as np
 
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.lazy import require
+from rlopt.runtime.outputs import flatten_outputs
 
 ALIGNMENT = 64
 ShapeKey = tuple[tuple[int, ...], ...]
-
-
-def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
-        return [leaf for item in value for leaf in _flatten(item)]
-    return [value]
 
 
 def bucket_files(facts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -126,7 +121,7 @@ class TvmRunner:
         key = tuple(a.shape for a in arrays) if dispatch else None
         function = state.functions.get(key) or state.functions[None]
         inputs = [self._wrap(a, state, slot) for slot, a in enumerate(arrays)]
-        results = _flatten(function(*inputs))
+        results = flatten_outputs(function(*inputs))
         if not self._on_cpu:
             return [t.numpy() for t in results]
         # an output that is an input passed through must not alias the caller's array or a staging buffer

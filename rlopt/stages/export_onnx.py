@@ -11,7 +11,7 @@ import io
 import warnings
 from pathlib import Path
 
-from rlopt.errors import StageError, located
+from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.recipe import InputSpec, NetworkSpec
 from rlopt.stages.base import StageOutput
@@ -56,7 +56,7 @@ def export_onnx(ts_path: Path, spec: NetworkSpec, opset: int, out_path: Path, *,
                               input_names=list(spec.inputs), output_names=list(spec.outputs),
                               dynamic_axes=dynamic_axes, opset_version=opset, do_constant_folding=True)
     except Exception as exc:  # the exporter raises many types for unsupported operators
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StageError(located(recipe_path, f"networks.{network}", f"ONNX export failed: {first}",
                                  "use operators supported at this opset (recipe onnx.opset)")) from None
     model = onnx.load(str(out_path))

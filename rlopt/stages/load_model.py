@@ -8,15 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlopt.errors import RecipeError, located
+from rlopt.errors import RecipeError, describe_exception, located
 from rlopt.lazy import require
 from rlopt.recipe import ModelSpec
 from rlopt.stages.base import StageOutput
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def resolve_factory(spec: ModelSpec, recipe_path: Path) -> Any:
@@ -39,7 +34,7 @@ def resolve_factory(spec: ModelSpec, recipe_path: Path) -> Any:
                 loader_spec.loader.exec_module(module)
             except Exception as exc:  # the user's module may raise anything at import
                 del sys.modules[module_name]
-                raise RecipeError(located(recipe_path, field, f"importing '{target}' raised {_first_line(exc)}",
+                raise RecipeError(located(recipe_path, field, f"importing '{target}' raised {describe_exception(exc)}",
                                           f"fix {file.name}")) from None
     else:
         try:
@@ -48,7 +43,7 @@ def resolve_factory(spec: ModelSpec, recipe_path: Path) -> Any:
             raise RecipeError(located(recipe_path, field, f"cannot import '{target}' ({exc})",
                                       "install the package or use 'path/to/file.py:callable'")) from None
         except Exception as exc:  # the user's module may raise anything at import
-            raise RecipeError(located(recipe_path, field, f"importing '{target}' raised {_first_line(exc)}",
+            raise RecipeError(located(recipe_path, field, f"importing '{target}' raised {describe_exception(exc)}",
                                       f"fix {target}")) from None
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
@@ -71,7 +66,7 @@ def load_state_dict(path: Path, recipe_path: Path) -> dict[str, Any]:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load / safetensors raise many unrelated types for a bad file
         raise RecipeError(located(recipe_path, field, f"cannot read '{path.name}' as a weights-only state_dict "
-                                  f"({_first_line(exc)})", "save it with torch.save(model.state_dict(), path)")) from None
+                                  f"({describe_exception(exc)})", "save it with torch.save(model.state_dict(), path)")) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise RecipeError(located(recipe_path, field, f"'{path.name}' is not a state_dict (name -> tensor)",
                                   "save it with torch.save(model.state_dict(), path)"))
@@ -86,7 +81,7 @@ def build_model(spec: ModelSpec, recipe_path: Path) -> tuple[Any, StageOutput]:
     try:
         model = factory(**spec.kwargs)
     except Exception as exc:  # the user's factory may raise anything
-        raise RecipeError(located(recipe_path, "model.kwargs", f"{spec.factory}(**kwargs) raised {_first_line(exc)}",
+        raise RecipeError(located(recipe_path, "model.kwargs", f"{spec.factory}(**kwargs) raised {describe_exception(exc)}",
                                   "fix the kwargs or the factory")) from None
     if not isinstance(model, torch.nn.Module):
         raise RecipeError(located(recipe_path, "model.factory", f"{spec.factory} returned {type(model).__name__}, "

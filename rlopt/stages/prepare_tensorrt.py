@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlopt.errors import StageError, located
+from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.stages.base import StageOutput
 
@@ -86,7 +86,7 @@ def prepare_for_tensorrt(onnx_path: Path, out_path: Path, *, cast_to: str | None
         model = fold_and_clean(model)
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:  # graphsurgeon and the checker raise many types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StageError(located(recipe_path, f"networks.{network}", f"preparing the ONNX graph for TensorRT failed "
                                  f"({first})", "drop tensorrt from backends and report the model")) from None
     onnx.save(model, str(out_path))

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlopt.errors import StageError, located
+from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
@@ -41,7 +41,7 @@ def quantize_int8(onnx_path: Path, out_path: Path, reference: Reference, *, kind
         quantization.quantize_dynamic(str(onnx_path), str(out_path), weight_type=quantization.QuantType.QInt8,
                                       extra_options={"EnableSubgraph": True})
     except Exception as exc:  # the quantizer raises many types for graphs it cannot handle
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StageError(located(recipe_path, f"networks.{network}.precision", f"int8 dynamic quantization failed "
                                  f"({first})", "use precision fp32 for this network")) from None
     finally:

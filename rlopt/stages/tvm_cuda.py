@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from rlopt.errors import BackendUnavailable, RecipeError, StageError, located
+from rlopt.errors import BackendUnavailable, RecipeError, StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.recipe import Precision, TvmConfig
 from rlopt.stages.base import StageOutput
@@ -129,7 +129,7 @@ def build_tvm_cuda(onnx_path: Path, config: TvmConfig, out_dir: Path, *, precisi
         with target:
             fatbin = bytes(nvcc_support.compile_cuda(source, target_format="fatbin", compiler="nvcc"))
     except Exception as exc:  # nvcc failures come back as RuntimeError with the compiler log
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StageError(located(recipe_path, "tvm.target", f"nvcc could not compile TVM's kernels for {arch}: {first}",
                                  "check the arch against the installed CUDA toolkit")) from None
     finally:
