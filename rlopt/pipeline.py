@@ -355,6 +355,7 @@ class _Network:
                                                       verify={"samples": verify.samples, "seed": verify.seed}),
                                 record, lambda _: ({"reference.npz": reference_path}, {}), restore_reference),
             lambda ref: f"{len(ref.points)} shapes x {verify.samples} samples")
+        self.reference_record = file_record(self.staging, reference_path)
         onnx_path = self.dir / "model.onnx"
 
         def restore_onnx(hit: CacheHit) -> StageOutput:
@@ -391,7 +392,7 @@ class _Network:
                     for n, s in spec.inputs.items()},
             outputs=list(spec.outputs), precision=spec.precision,
             tolerance={"atol": verify.atol, "rtol": verify.rtol, "max_kl": verify.max_kl},
-            reference=file_record(self.staging, self.dir / "reference.npz"),
+            reference=self.reference_record,
             files={"model.ts": file_record(self.staging, self.dir / "model.ts"),
                    "model.onnx": file_record(self.staging, self.dir / "model.onnx")},
             artifacts={b: artifacts[b] for b in self.recipe.backends},
@@ -418,7 +419,7 @@ class _Network:
         files = [output.artifact, *(self.staging / f["path"] for f in bucket_files(output.facts))]
         identity = self.fingerprint if backend == "torchscript" else [sha256_file(f) for f in files]
         components = self.key(stage=f"verify {backend}", artifact=identity, facts=output.facts,
-                              reference=sha256_file(self.dir / "reference.npz"), tolerance=tol.__dict__,
+                              reference=self.reference_record.sha256, tolerance=tol.__dict__,
                               kind=self.spec.kind, distribution=self.spec.distribution, machine=cpu_identity())
 
         def restore(hit: CacheHit) -> tuple[BackendRecord, str | None]:
