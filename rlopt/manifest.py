@@ -222,12 +222,16 @@ def read_manifest(model_dir: Path | str) -> Manifest:
     return manifest
 
 
-def write_json(path: Path, document: Any) -> None:
-    """Write a JSON file atomically (temp file in the same folder, fsync, rename)."""
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temp file in the same folder, fsync, rename)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=2, sort_keys=False)
-        handle.write("\n")
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def write_json(path: Path, document: Any) -> None:
+    """Write a JSON file atomically."""
+    atomic_write_text(path, json.dumps(document, indent=2, sort_keys=False) + "\n")
