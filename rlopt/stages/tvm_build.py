@@ -14,9 +14,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.lazy import require
@@ -90,75 +94,72 @@ def required_cpu_features(target_dict: dict[str, Any]) -> list[str]:
     return isa_features(codegen.llvm_get_cpu_features(tvm.target.Target(target_dict)))
 
 
-# Runs in a throwaway process: TVM fixes its thread count at first use and configuring the pool pins the
-# calling thread to one core, neither of which the compiling process (or a user's) should inherit.
-_TIME_THREADS = r"""
-import json, sys, time
-import numpy as np
-import tvm, tvm_ffi
-from tvm import relax
-job = json.loads(sys.argv[1])
-configure = tvm_ffi.get_global_func("runtime.config_threadpool")
-table = {}
-for build in job["builds"]:
-    main = relax.VirtualMachine(tvm.runtime.load_module(build["path"]), tvm.cpu())["main"]
-    args = [tvm.runtime.tensor(np.zeros(dims, dtype=build["dtypes"][name])) for name, dims in build["shapes"].items()]
-    row = {}
-    for threads in job["candidates"]:
-        configure(1, threads)
-        for _ in range(2):
-            main(*args)
-        samples, deadline = [], time.perf_counter() + job["budget_s"]
-        while len(samples) < 3 or (time.perf_counter() < deadline and len(samples) < 500):
-            start = time.perf_counter_ns()
-            main(*args)
-            samples.append(time.perf_counter_ns() - start)
-        row[str(threads)] = round(float(np.median(samples)) / 1e3, 2)
-    table[build["label"]] = row
-print(json.dumps(table))
-"""
-
-
 MULTITHREAD_MIN_SPEEDUP = 1.25
+_pool_lock = threading.Lock()
 
 
-def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict[str, str],
-                   cores: int) -> tuple[int, dict[str, dict[str, float]]]:
-    """Time each static library at 1 and `cores` TVM threads; more than 1 only for a clear win (see below).
-
-    Measured in a subprocess started with TVM_NUM_THREADS=cores (see _TIME_THREADS); unmeasured means 1.
-    """
-    import json
-    import os
-    import subprocess
-    import sys
-
+def _median_us(call: Callable[[], object], budget_s: float) -> float:
     import numpy as np
 
-    candidates = sorted({1, max(1, cores)})
+    for _ in range(2):
+        call()
+    samples: list[int] = []
+    deadline = time.perf_counter() + budget_s
+    while len(samples) < 3 or (time.perf_counter() < deadline and len(samples) < 500):
+        start = time.perf_counter_ns()
+        call()
+        samples.append(time.perf_counter_ns() - start)
+    return round(float(np.median(samples)) / 1e3, 2)
+
+
+def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict[str, str], cores: int,
+                   budget_s: float = 0.05) -> tuple[int, dict[str, dict[str, float]]]:
+    """Time each tuned static library at 1..`cores` TVM threads, in this process; more than 1 for a clear win.
+
+    TVM sizes its pool once, from TVM_NUM_THREADS (default: half the cores), so this sets it to `cores`
+    unless the pool already runs or the user set it. Re-sizing the pool (`runtime.config_threadpool`)
+    pins the calling thread to one core unless TVM_BIND_THREADS=0, which is set only while this runs.
+    The pool is left at the chosen count, so the latency measured next is the one users get.
+    """
+    import numpy as np
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(max(1, cores)))
+    candidates = sorted({1, max(1, min(cores, int(os.environ["TVM_NUM_THREADS"])))})
     if len(candidates) == 1 or not builds:
         return 1, {}  # nothing tuned (serial kernels) or one core: more threads would only add idle workers
-    job = {"candidates": candidates, "budget_s": 0.05,
-           "builds": [{"path": str(path), "shapes": shapes, "dtypes": dtypes,
-                       "label": "x".join(str(d) for dims in shapes.values() for d in dims)} for shapes, path in builds]}
-    env = dict(os.environ, TVM_NUM_THREADS=str(max(candidates)), TVM_BIND_THREADS="0")
-    try:
-        proc = subprocess.run([sys.executable, "-c", _TIME_THREADS, json.dumps(job)], capture_output=True,
-                              text=True, env=env, timeout=300)
-        table: dict[str, dict[str, float]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return 1, {}  # unmeasured: the choice that cannot stall on a descheduled worker
+    tvm = require("tvm")
+    relax = require("tvm.relax")
+    configure = require("tvm_ffi").get_global_func("runtime.config_threadpool")
+    table: dict[str, dict[str, float]] = {}
+    with _pool_lock:
+        previous = os.environ.get("TVM_BIND_THREADS")
+        os.environ["TVM_BIND_THREADS"] = "0"
+        try:
+            for shapes, path in builds:
+                main = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())["main"]
+                args = [tvm.runtime.tensor(np.zeros(dims, dtype=dtypes[name])) for name, dims in shapes.items()]
+                row = {}
+                for threads in candidates:
+                    configure(1, threads)
+                    row[str(threads)] = _median_us(lambda: main(*args), budget_s)
+                table["x".join(str(d) for dims in shapes.values() for d in dims)] = row
 
-    def speedup(threads: int) -> float:
-        """Geometric mean over shapes of (1-thread latency / latency at `threads`)."""
-        ratios = [row["1"] / row[str(threads)] for row in table.values()]
-        return float(np.prod(ratios) ** (1 / len(ratios)))
+            def speedup(threads: int) -> float:
+                """Geometric mean over shapes of (1-thread latency / latency at `threads`)."""
+                ratios = [row["1"] / row[str(threads)] for row in table.values()]
+                return float(np.prod(ratios) ** (1 / len(ratios)))
 
-    # more threads only for a clear win: a parallel kernel whose worker is descheduled (another process or
-    # a spinning ONNX Runtime pool on the same cores) stalls for a whole scheduler quantum (measured: 23 us
-    # alone, 12 ms interleaved with ONNX Runtime at 2 threads on 2 cores; 1 thread stays at 28 us)
-    wins = [n for n in candidates if n > 1 and speedup(n) >= MULTITHREAD_MIN_SPEEDUP]
-    return (max(wins, key=speedup) if wins else 1), table
+            # more threads only for a clear win: a parallel kernel whose worker is descheduled (another busy
+            # process on the same cores) stalls for a scheduler quantum, which 1 thread never does
+            wins = [n for n in candidates if n > 1 and speedup(n) >= MULTITHREAD_MIN_SPEEDUP]
+            chosen = max(wins, key=speedup) if wins else 1
+            configure(1, chosen)
+        finally:
+            if previous is None:
+                os.environ.pop("TVM_BIND_THREADS", None)
+            else:
+                os.environ["TVM_BIND_THREADS"] = previous
+    return chosen, table
 
 
 def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path: Path, network: str,
@@ -170,9 +171,7 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
                                  "(only {kind: llvm} is supported here)")
     onnx = require("onnx")
     tvm = require("tvm")
-    from rlopt.manifest import file_record
-    from rlopt.tuning import (Workload, apply_database, database_dir, file_slug, open_database, profile_shapes,
-                              resolve_target, target_key, tune_workloads)
+    from rlopt.tuning import resolve_target
 
     try:
         target_dict = resolve_target(config.target)
@@ -184,12 +183,30 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
     mod, imported = _import(model, target, None, recipe_path, network)
     out_path = out_dir / f"tvm-{slug}.so"
-    _compile(mod, target, out_path, recipe_path, network)
+    # LLVM code generation and linking run outside the GIL: libraries build side by side, one per core
+    pool = ThreadPoolExecutor(max_workers=max(1, min(4, int(target_dict.get("num-cores") or 1))))
+    try:
+        return _build_all(pool, mod, imported, model, target, target_dict, config, out_dir, out_path, slug,
+                          recipe_path, network, spec)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], model: Any, target: Any,
+               target_dict: dict[str, Any], config: TvmConfig, out_dir: Path, out_path: Path, slug: str,
+               recipe_path: Path, network: str, spec: NetworkSpec | None) -> StageOutput:
+    tvm = require("tvm")
+    from rlopt.manifest import file_record
+    from rlopt.tuning import (Workload, apply_database, database_dir, file_slug, open_database, profile_shapes,
+                              target_key, tune_workloads)
+
+    dynamic = pool.submit(_compile, mod, target, out_path, recipe_path, network)
     facts: dict[str, Any] = {"target": target_dict, "cpu_features": required_cpu_features(target_dict),
                              "tuned": False, "fused_kernels": imported["fused_kernels"],
                              "shape_comparisons_tensorized": imported["shape_comparisons_tensorized"],
                              "pipeline": PIPELINE, "tvm": tvm.__version__}
     if spec is None:
+        dynamic.result()
         return StageOutput(out_path, facts)
 
     workloads = [Workload(network, points, shapes, model) for points, shapes in profile_shapes(spec)]
@@ -199,17 +216,21 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     database = open_database(db_dir, create=False)
     builds: list[dict[str, Any]] = []
     libraries: list[tuple[dict[str, list[int]], Path]] = []
+    pending = [dynamic]
     for workload in workloads:
         static, static_facts = _import(model, target, workload.shapes, recipe_path, network)
         if database is not None:
             static = apply_database(static, target, database)
         tuned, untuned = kernel_split(static)
         path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
-        _compile(static, target, path, recipe_path, network)
+        pending.append(pool.submit(_compile, static, target, path, recipe_path, network))
         libraries.append((workload.shapes, path))
-        builds.append({"points": workload.points, "shapes": workload.shapes,
-                       "file": file_record(out_dir.parent, path).model_dump(), "tuned_kernels": tuned,
+        builds.append({"points": workload.points, "shapes": workload.shapes, "tuned_kernels": tuned,
                        "untuned_kernels": untuned, "ifs_folded": static_facts.get("ifs_folded", 0)})
+    for future in pending:
+        future.result()
+    for build, (_, path) in zip(builds, libraries):
+        build["file"] = file_record(out_dir.parent, path).model_dump()
     # untuned kernels run serially (no parallel loops), so only tuned libraries say what threads are worth
     tuned_libraries = [lib for lib, build in zip(libraries, builds) if build["tuned_kernels"]]
     threads, thread_table = choose_threads(tuned_libraries, {n: s.dtype for n, s in spec.inputs.items()},

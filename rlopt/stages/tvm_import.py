@@ -72,6 +72,44 @@ def tensorize_shape_comparisons(model: Any) -> int:
     return count
 
 
+def pretranspose_gemm_weights(model: Any) -> int:
+    """Give `Gemm(transB=1)` with a constant B (nn.Linear on 2-D input) a transposed copy of B and transB=0.
+
+    The kernel TVM builds is the same matmul on the same constant, but without this TVM's FoldConstant
+    builds and runs a transpose kernel per weight with LLVM at every import. Returns the count.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    made: dict[str, str] = {}
+    count = 0
+
+    def visit(nodes: Any) -> None:
+        nonlocal count
+        for node in nodes:
+            for attribute in node.attribute:
+                if attribute.g.node:
+                    visit(attribute.g.node)
+            if node.op_type != "Gemm" or len(node.input) < 2 or node.input[1] not in initializers:
+                continue
+            trans_b = next((a for a in node.attribute if a.name == "transB"), None)
+            if trans_b is None or trans_b.i != 1:
+                continue
+            source = node.input[1]
+            if source not in made:
+                made[source] = f"{source}__transposed"
+                weight = numpy_helper.to_array(initializers[source])
+                graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T), made[source]))
+            node.input[1] = made[source]
+            node.attribute.remove(trans_b)
+            node.attribute.append(helper.make_attribute("transB", 0))
+            count += 1
+
+    visit(graph.node)
+    return count
+
+
 def _shape_only_cone(graph: Any, value: str) -> list[Any] | None:
     """The nodes that compute `value`, if they read graph inputs only through `Shape`; else None."""
     producers = {out: node for node in graph.node for out in node.output}
@@ -163,6 +201,39 @@ def fold_static_ifs(model: Any, shapes: Shapes) -> int:
     return folded
 
 
+def drop_dead_nodes(graph: Any) -> int:
+    """Remove nodes and initializers no graph output depends on (a folded If's condition, the other branch's weights).
+
+    Left in, TVM's FoldConstant builds and runs each dead shape kernel with LLVM at import (~40 ms apiece).
+    Returns the number of nodes removed.
+    """
+    producers = {out: node for node in graph.node for out in node.output}
+    needed: set[str] = set()
+    live: set[int] = set()
+    pending = [o.name for o in graph.output]
+    while pending:
+        name = pending.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        node = producers.get(name)
+        if node is not None and id(node) not in live:
+            live.add(id(node))
+            pending.extend(i for i in node.input if i)
+            for attribute in node.attribute:  # names a subgraph reads from the outer scope
+                if attribute.g.node:
+                    pending.extend(i for n in attribute.g.node for i in n.input if i)
+    kept = [node for node in graph.node if id(node) in live]
+    removed = len(graph.node) - len(kept)
+    if removed:
+        del graph.node[:]
+        graph.node.extend(kept)
+    unused = [init for init in graph.initializer if init.name not in needed]
+    for init in unused:
+        graph.initializer.remove(init)
+    return removed
+
+
 def fused_kernels(mod: Any) -> list[str]:
     return sorted(gv.name_hint for gv in mod.functions if gv.name_hint.startswith("fused_"))
 
@@ -193,6 +264,8 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None) -> 
     facts: dict[str, Any] = {"shape_comparisons_tensorized": tensorize_shape_comparisons(model)}
     if shapes is not None:
         facts["ifs_folded"] = fold_static_ifs(model, shapes)
+    pretranspose_gemm_weights(model)
+    drop_dead_nodes(model.graph)
     mod = from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=False)
     mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
     # tanh/exp/erf lower to scalar libm calls per element (tanh was ~60% of the tuned value head at
