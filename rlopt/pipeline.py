@@ -38,7 +38,7 @@ from rlopt.manifest import (
 from rlopt.parity import Tolerance
 from rlopt.recipe import BACKENDS, NetworkSpec, Recipe, load_recipe
 from rlopt.reference import Reference, record_reference
-from rlopt.runtime import ranked_backends
+from rlopt.runtime import auto_routes, ranked_backends
 from rlopt.runtime.backends import open_runner
 from rlopt.runtime.tvm_runner import bucket_files
 from rlopt.stages.base import StageOutput
@@ -48,6 +48,7 @@ from rlopt.gpu_path import precision_record, tolerance_for, write_triton
 
 CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
 CACHED_BUILDS = ("tvm", "tensorrt")
+VARIANT_SAMPLES = 4
 
 
 class Reporter(Protocol):
@@ -408,6 +409,10 @@ class _Network:
         record.facts["triton"] = sorted({path.split("/")[1] for path in triton})
         ranked = ranked_backends(record)
         record.selected = ranked[0] if ranked else None
+        if ranked:
+            routes, fallback = auto_routes(record, ranked)
+            record.facts["auto_routes"] = {"x".join(str(d) for dims in key for d in dims): name
+                                           for key, name in routes.items()} | {"other": fallback}
         if record.selected is None:
             failures.append(f"{self.name}: no backend was built and verified")
         return record, failures
@@ -463,13 +468,20 @@ class _Network:
             base.parity = parity
             if not parity.passed:
                 return base, f"{self.name}/{backend}: parity failed (max_abs {parity.max_abs:.3g})"
-            # code paths `infer` may skip on the reference shapes (TVM's dynamic fallback) pass the same gate
+            # code paths `infer` may skip on the reference shapes (TVM's dynamic fallback) pass the same gate,
+            # on the first VARIANT_SAMPLES samples per shape (same code at every shape; `rlopt verify` runs all),
+            # and are timed at opt so that `auto` can rank them for shapes without their own build
             for variant, infer in getattr(runner, "parity_variants", dict)().items():
-                extra = check_parity(infer, reference, self.spec.kind, self.spec.distribution, tol)
+                extra = check_parity(infer, reference.head(VARIANT_SAMPLES), self.spec.kind,
+                                     self.spec.distribution, tol)
                 base.facts.setdefault("variant_parity", {})[variant] = extra.model_dump(mode="json")
                 if not extra.passed:
                     base.parity = extra
                     return base, f"{self.name}/{backend} ({variant}): parity failed (max_abs {extra.max_abs:.3g})"
+                if "opt" in reference.points:
+                    feeds = reference.feeds("opt", 0)
+                    stats = measure(lambda: infer(feeds), budget_s=0.05, min_iters=5, max_iters=200, warmup=1)
+                    base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(stats.p50_us, 2)}
             latencies = {}
             for point in reference.points:
                 feeds = reference.feeds(point, 0)

@@ -63,6 +63,11 @@ class Reference:
     def shape(self, point: str) -> dict[str, list[int]]:
         return {name: list(self.arrays[f"{point}:in:{name}"].shape[1:]) for name in self.input_names}
 
+    def head(self, samples: int) -> Reference:
+        """The first `samples` recorded samples of every point."""
+        return Reference({key: value[:samples] for key, value in self.arrays.items()}, self.input_names,
+                         self.output_names)
+
     def pairs(self) -> Iterator[tuple[str, dict[str, np.ndarray], list[np.ndarray]]]:
         for point in self.points:
             for index in range(self.samples(point)):

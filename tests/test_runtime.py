@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rlopt
-from rlopt.manifest import InputProfile
+from rlopt.manifest import InputProfile, NetworkRecord
 from rlopt.runtime import check_feeds
 
 PROFILES = {"input0": InputProfile(dtype="float32", min=[1, 1, 32], opt=[2, 3, 32], max=[4, 6, 32])}
@@ -45,3 +45,65 @@ def test_session_rejects_out_of_profile_shape_before_the_backend(tiny_compiled: 
         with pytest.raises(ValueError, match=r"dim 1 is 7, allowed \[1, 6\]"):
             session.run({"input0": np.zeros((1, 7, 32), np.float32)})
         assert session.run({"input0": np.zeros((4, 6, 32), np.float32)})["logits"].shape == (4, 6, 5)
+
+
+def _record_with(latencies: dict[str, dict[str, float]], tvm_facts: dict) -> NetworkRecord:
+    from rlopt.manifest import BackendRecord, FileRecord, Latency, NetworkRecord
+
+    shapes = {"min": [1, 1, 32], "opt": [2, 3, 32], "max": [4, 6, 32]}
+    artifacts = {}
+    for backend, points in latencies.items():
+        artifacts[backend] = BackendRecord(
+            path=f"policy/{backend}", sha256="0" * 64, bytes=1, facts=tvm_facts if backend == "tvm" else {},
+            latency_us={p: Latency(shape={"input0": shapes[p]}, p50=v, p99=v, iterations=10) for p, v in points.items()})
+    return NetworkRecord(kind="policy", module="policy", inputs=PROFILES, outputs=["logits"], precision="fp32",
+                         tolerance={}, reference=FileRecord(path="policy/reference.npz", sha256="0" * 64, bytes=1),
+                         artifacts=artifacts)
+
+
+def test_auto_routes_pick_per_shape_and_rank_other_shapes_by_the_path_that_serves_them() -> None:
+    from rlopt.runtime import auto_routes
+
+    latencies = {"onnxruntime": {"min": 20.0, "opt": 90.0, "max": 250.0},
+                 "tvm": {"min": 25.0, "opt": 80.0, "max": 190.0}}
+    bucketed = {"shape_builds": [{"shapes": {"input0": [2, 3, 32]}}], "variant_latency_us": {"dynamic": {"opt": 9000.0}}}
+    routes, other = auto_routes(_record_with(latencies, bucketed), ["tvm", "onnxruntime"])
+    assert routes == {((1, 1, 32),): "onnxruntime", ((2, 3, 32),): "tvm", ((4, 6, 32),): "tvm"}
+    assert other == "onnxruntime", "TVM's untuned dynamic library serves other shapes: 9 ms is not 80 us"
+    unmeasured = {"shape_builds": [{"shapes": {"input0": [2, 3, 32]}}]}
+    assert auto_routes(_record_with(latencies, unmeasured), ["tvm", "onnxruntime"])[1] == "onnxruntime"
+    assert auto_routes(_record_with(latencies, {}), ["tvm", "onnxruntime"])[1] == "tvm", "no buckets: opt decides"
+    routes, other = auto_routes(_record_with(latencies, bucketed), ["onnxruntime"])
+    assert set(routes.values()) == {"onnxruntime"} and other == "onnxruntime", "only usable backends count"
+
+
+def test_auto_session_follows_the_manifest_routes_and_matches_the_reference(tiny_compiled: Path) -> None:
+    import json
+
+    manifest = json.loads((tiny_compiled / "manifest.json").read_text())
+    expected_routes = manifest["networks"]["policy"]["facts"]["auto_routes"]
+    session = rlopt.load(tiny_compiled, "policy")
+    assert session.routes == expected_routes
+    assert session.backend == expected_routes["2x3x32"]
+    reference = rlopt.load(tiny_compiled, "policy", backend="torchscript")
+    rng = np.random.default_rng(3)
+    for shape in [(1, 1, 32), (2, 3, 32), (4, 6, 32), (3, 2, 32)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        for _ in range(2):  # the second call takes the remembered path
+            np.testing.assert_allclose(session.run({"input0": x})["logits"], reference.run({"input0": x})["logits"],
+                                       atol=1e-5, rtol=1e-4)
+
+
+def test_remembered_shapes_still_reject_bad_inputs(tiny_compiled: Path) -> None:
+    session = rlopt.load(tiny_compiled, "policy", backend="tvm")
+    x = np.zeros((2, 3, 32), np.float32)
+    session.run({"input0": x})
+    session.run({"input0": x})
+    with pytest.raises(ValueError, match="float32"):
+        session.run({"input0": x.astype(np.float64)})
+    with pytest.raises(ValueError, match="unknown"):
+        session.run({"input0": x, "extra": x})
+    with pytest.raises(ValueError, match="numpy array"):
+        session.run({"input0": x.tolist()})
+    strided = np.zeros((2, 32, 3), np.float32).transpose(0, 2, 1)
+    assert session.run({"input0": strided})["logits"].shape == (2, 3, 5)

@@ -128,6 +128,74 @@ def test_static_import_has_no_if_and_tasks_come_from_fused_kernels(policy_onnx: 
     assert dynamic_if, "the dynamic module keeps the branch"
 
 
+def test_import_prep_drops_dead_nodes_and_pretransposes_gemm_weights_exactly(policy_onnx: onnx.ModelProto) -> None:
+    from rlopt.stages.tvm_import import (drop_dead_nodes, fold_static_ifs, pretranspose_gemm_weights,
+                                         tensorize_shape_comparisons)
+
+    single = onnx.ModelProto()
+    single.CopyFrom(policy_onnx)
+    tensorize_shape_comparisons(single)
+    fold_static_ifs(single, {"input0": [1, 1, 32]})
+    assert pretranspose_gemm_weights(single) == 3, "the single-observation path's three Linear layers"
+    before = len(single.graph.node)
+    assert drop_dead_nodes(single.graph) > 0, "the folded If's condition feeds nothing any more"
+    assert len(single.graph.node) < before and "Greater" not in {n.op_type for n in single.graph.node}
+    assert all(a.i == 0 for n in single.graph.node if n.op_type == "Gemm" for a in n.attribute if a.name == "transB")
+    names = {init.name for init in single.graph.initializer}
+    assert "fc1.weight__transposed" in names and "fc1.weight" not in names, "the unused original is dropped"
+    onnx.checker.check_model(single)
+    x = np.random.default_rng(2).standard_normal((1, 1, 32)).astype(np.float32)
+    np.testing.assert_array_equal(_ort(single, x), _ort(policy_onnx, x))
+    dynamic = onnx.ModelProto()
+    dynamic.CopyFrom(policy_onnx)
+    assert pretranspose_gemm_weights(dynamic) == 3, "Gemms inside the If's branch are found too"
+    assert drop_dead_nodes(dynamic.graph) == 0, "nothing is dead while the If stands"
+    for shape in [(1, 1, 32), (3, 2, 32)]:
+        x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(_ort(dynamic, x), _ort(policy_onnx, x))
+
+
+def test_prune_records_keeps_the_fastest_valid_record_per_workload(tmp_path: Path) -> None:
+    from rlopt.tuning import RECORD_FILE, prune_records
+
+    def line(workload: int, times: list[float] | None, tag: str) -> str:
+        return json.dumps([workload, [[tag], times, {"kind": "llvm"}, []]])
+
+    lines = [line(0, [3e-6, 3e-6], "slow"), line(0, [1e-6, 1.2e-6], "fast"), line(0, [1e10], "failed"),
+             line(1, [5e-6], "only"), line(2, [1e10], "all failed"), "not json"]
+    (tmp_path / RECORD_FILE).write_text("\n".join(lines) + "\n")
+    assert prune_records(tmp_path) == (6, 2), "failed runs and an unreadable line go too"
+    kept = [json.loads(x) for x in (tmp_path / RECORD_FILE).read_text().splitlines()]
+    assert [(w, r[0][0]) for w, r in kept] == [(0, "fast"), (1, "only")]
+    assert prune_records(tmp_path) == (2, 2), "pruning a pruned file changes nothing"
+
+
+def test_shipped_databases_are_pruned() -> None:
+    from rlopt.tuning import RECORD_FILE
+
+    root = Path(__file__).resolve().parents[1] / "recipes"
+    for folder in root.glob("*.tuning/*"):
+        workloads = [json.loads(x)[0] for x in (folder / RECORD_FILE).read_text().splitlines() if x.strip()]
+        assert workloads and len(workloads) == len(set(workloads)), f"{folder}: one record per workload"
+
+
+def test_thread_choice_runs_in_process_and_leaves_this_thread_on_every_core(tiny_compiled: Path) -> None:
+    import os
+
+    from rlopt.stages.tvm_build import choose_threads
+
+    builds = read_manifest(tiny_compiled).networks["policy"].artifacts["tvm"].facts["shape_builds"]
+    libraries = [(b["shapes"], tiny_compiled / b["file"]["path"]) for b in builds]
+    before = os.sched_getaffinity(0)
+    bind = os.environ.get("TVM_BIND_THREADS")
+    threads, table = choose_threads(libraries, {"input0": "float32"}, 2, budget_s=0.005)
+    assert os.sched_getaffinity(0) == before, "re-sizing TVM's pool must not pin the caller to one core"
+    assert os.environ.get("TVM_BIND_THREADS") == bind, "the temporary setting is restored"
+    assert threads in (1, 2)
+    if table:  # only when TVM's pool could start with 2 workers in this process
+        assert set(table) == {"1x1x32", "2x3x32", "4x6x32"} and all(set(r) == {"1", "2"} for r in table.values())
+
+
 # ---------------------------------------------------------------- naming and targets
 
 def test_target_is_completed_for_this_host_and_keys_the_database(tmp_path: Path) -> None:
@@ -199,7 +267,7 @@ def test_session_dispatches_by_exact_shape_and_falls_back_to_dynamic(tiny_compil
     import onnxruntime as ort
 
     session = rlopt.load(tiny_compiled, "policy", backend="tvm")
-    runner = session._runner
+    runner = session._runners["tvm"]
     assert sorted(runner.shape_buckets) == [((1, 1, 32),), ((2, 3, 32),), ((4, 6, 32),)]
     reference = ort.InferenceSession(str(tiny_compiled / "policy" / "model.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)

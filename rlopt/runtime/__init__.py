@@ -66,22 +66,58 @@ def check_feeds(feeds: dict[str, Any], profiles: dict[str, InputProfile]) -> dic
     return checked
 
 
-class Session:
-    """A loaded network on one backend. `run` checks inputs first, so a bad shape never reaches a backend."""
+ShapeKey = tuple[tuple[int, ...], ...]
+FAST_PATH_ENTRIES = 256
 
-    def __init__(self, runner: Runner, network: str, backend: str, record: NetworkRecord) -> None:
-        self._runner = runner
+
+class Session:
+    """A loaded network. `run` checks inputs first, so a bad shape never reaches a backend.
+
+    Each (shape, dtype) combination is checked in full the first time it is seen and then remembered
+    with the backend call that serves it, so a steady stream of requests costs one dict lookup.
+    `backend` is the backend for the opt shape; `routes` says which backend serves which shape.
+    """
+
+    def __init__(self, runners: dict[str, Runner], routes: dict[ShapeKey, str], fallback: str, network: str,
+                 record: NetworkRecord) -> None:
+        self._runners = runners
+        self._routes = routes
+        self._fallback = fallback
         self.network = network
-        self.backend = backend
         self.inputs: dict[str, InputProfile] = dict(record.inputs)
         self.outputs: list[str] = list(record.outputs)
+        self._names = list(record.inputs)
+        opt = tuple(tuple(p.opt) for p in self.inputs.values())
+        self.backend = routes.get(opt, fallback)
+        self._fast: dict[tuple[Any, ...], Any] = {}
+
+    @property
+    def routes(self) -> dict[str, str]:
+        """Backend per profile shape ('2x8x768' style keys) and for every other shape ('other')."""
+        table = {"x".join(str(d) for dims in key for d in dims): name for key, name in self._routes.items()}
+        return table | {"other": self._fallback}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = self._runner.infer(check_feeds(feeds, self.inputs))
-        return dict(zip(self.outputs, results))
+        try:
+            arrays = [feeds[name] for name in self._names]
+            key = tuple((a.shape, a.dtype) for a in arrays if type(a) is np.ndarray and a.flags.c_contiguous)
+            infer = self._fast.get(key) if len(feeds) == len(arrays) else None
+        except (KeyError, TypeError):
+            infer = None
+        if infer is None:
+            checked = check_feeds(feeds, self.inputs)
+            arrays = [checked[name] for name in self._names]
+            shapes = tuple(a.shape for a in arrays)
+            infer = self._runners[self._routes.get(shapes, self._fallback)].infer
+            if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(self._fast) < FAST_PATH_ENTRIES:
+                self._fast[tuple((a.shape, a.dtype) for a in arrays)] = infer
+            return dict(zip(self.outputs, infer(checked)))
+        return dict(zip(self.outputs, infer(dict(zip(self._names, arrays)))))
 
     def close(self) -> None:
-        self._runner.close()
+        for runner in self._runners.values():
+            runner.close()
+        self._fast = {}
 
     def __enter__(self) -> Session:
         return self
@@ -107,19 +143,59 @@ def ranked_backends(record: NetworkRecord) -> list[str]:
     return verified
 
 
-def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: str) -> str:
+def unbucketed_p50(artifact: BackendRecord) -> float:
+    """Latency at the opt shape through the code path that serves shapes without their own build.
+
+    TVM serves profile shapes from tuned per-shape libraries and every other shape from its dynamic
+    library, which compile times separately (`facts.variant_latency_us.dynamic`); unmeasured = never picked.
+    """
+    if artifact.facts.get("shape_builds"):
+        value = artifact.facts.get("variant_latency_us", {}).get("dynamic", {}).get("opt")
+        return float(value) if value else float("inf")
+    latency = artifact.latency_us.get("opt")
+    return latency.p50 if latency else float("inf")
+
+
+def auto_routes(record: NetworkRecord, usable: list[str]) -> tuple[dict[ShapeKey, str], str]:
+    """`auto`: per profile shape, the usable backend with the lowest measured p50 there; for other shapes,
+    the lowest `unbucketed_p50`. Only verified backends that can run here (`usable`, best first) count."""
+    routes: dict[ShapeKey, str] = {}
+    for point in ("min", "opt", "max"):
+        measured = {name: record.artifacts[name].latency_us[point] for name in usable
+                    if point in record.artifacts[name].latency_us}
+        if measured:
+            best = min(measured, key=lambda name: measured[name].p50)
+            key = tuple(tuple(int(d) for d in measured[best].shape[n]) for n in record.inputs)
+            routes.setdefault(key, best)
+    timed = {name: unbucketed_p50(record.artifacts[name]) for name in usable}
+    fallback = min(usable, key=lambda name: (timed[name], usable.index(name)))
+    if timed[fallback] == float("inf"):
+        fallback = usable[0]
+    return routes, fallback
+
+
+def usable_backends(manifest: Manifest, model_dir: Path, network: str) -> list[str]:
+    """Verified backends that can run on this machine, `selected` first, then by opt latency."""
     record = manifest.network(network, model_dir)
-    if backend == "auto":
-        reasons = []
-        for name in ranked_backends(record):
-            reason = unavailable_reason(name, record.artifacts[name].facts)
-            if reason is None:
-                return name
+    usable, reasons = [], []
+    for name in ranked_backends(record):
+        reason = unavailable_reason(name, record.artifacts[name].facts)
+        if reason is None:
+            usable.append(name)
+        else:
             reasons.append(f"{name}: {reason}")
+    if not usable:
         raise ArtifactError(
             located(model_dir / MANIFEST_NAME, f"networks.{network}", "no verified backend can run on this machine"
                     + (f" ({'; '.join(reasons)})" if reasons else ""), "recompile on this machine")
         )
+    return usable
+
+
+def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: str) -> str:
+    record = manifest.network(network, model_dir)
+    if backend == "auto":
+        return usable_backends(manifest, model_dir, network)[0]
     if backend not in KNOWN_BACKENDS:
         raise UsageError(f"backend '{backend}' is unknown; fix: use auto or one of {', '.join(KNOWN_BACKENDS)}")
     artifact = record.artifacts.get(backend)
@@ -154,10 +230,21 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
-    name = resolve_backend(manifest, model_dir, network, backend)
-    record = manifest.networks[network]
-    artifact = record.artifacts[name]
-    return Session(open_artifact(model_dir, name, artifact, list(record.inputs)), network, name, record)
+    if backend == "auto":
+        record = manifest.network(network, model_dir)
+        routes, fallback = auto_routes(record, usable_backends(manifest, model_dir, network))
+    else:
+        fallback = resolve_backend(manifest, model_dir, network, backend)
+        record, routes = manifest.networks[network], {}
+    runners: dict[str, Runner] = {}
+    try:
+        for name in dict.fromkeys([fallback, *routes.values()]):
+            runners[name] = open_artifact(model_dir, name, record.artifacts[name], list(record.inputs))
+    except BaseException:
+        for runner in runners.values():
+            runner.close()
+        raise
+    return Session(runners, routes, fallback, network, record)
 
 
-__all__ = ["Session", "load", "open_artifact", "check_feeds", "ranked_backends", "KNOWN_BACKENDS"]
+__all__ = ["Session", "load", "open_artifact", "check_feeds", "ranked_backends", "auto_routes", "KNOWN_BACKENDS"]

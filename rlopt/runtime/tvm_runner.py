@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
@@ -25,7 +26,18 @@ from rlopt.lazy import require
 from rlopt.runtime.outputs import flatten_outputs
 
 ALIGNMENT = 64
+STAGE_BYTES = 64 * 1024
 ShapeKey = tuple[tuple[int, ...], ...]
+
+
+@dataclass
+class _CallPlan:
+    """What one thread needs to call one library at one input signature, worked out on the first call."""
+
+    function: Any
+    staged: list[tuple[np.ndarray, Any] | None]
+    small: list[bool]
+    passthrough: list[bool] | None = None
 
 
 def bucket_files(facts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,41 +104,56 @@ class TvmRunner:
 
     def _thread_state(self) -> Any:
         state = self._local
-        if not hasattr(state, "functions"):
+        if not hasattr(state, "plans"):
             state.vms = {key: self._relax.VirtualMachine(lib, self._device) for key, lib in self._libraries.items()}
             state.functions = {key: vm["main"] for key, vm in state.vms.items()}
-            state.staging = {}
+            state.plans = {}
         return state
 
-    def _wrap(self, array: np.ndarray, state: Any, slot: int) -> Any:
-        """A TVM view of `array` without a copy when 64-byte aligned, else of a per-thread aligned staging buffer."""
+    def _staging(self, array: np.ndarray) -> tuple[np.ndarray, Any]:
+        """A 64-byte-aligned array like `array` and its TVM view, made once per thread and shape."""
+        raw = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
+        offset = (-raw.ctypes.data) % ALIGNMENT
+        buffer = raw[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+        return buffer, self._from_dlpack(buffer, require_alignment=ALIGNMENT)
+
+    def _plan(self, state: Any, key: Any, arrays: list[np.ndarray], dispatch: bool) -> _CallPlan:
+        function = state.functions.get(tuple(a.shape for a in arrays) if dispatch else None) or state.functions[None]
+        small = [self._on_cpu and a.nbytes <= STAGE_BYTES for a in arrays]
+        plan = _CallPlan(function, [self._staging(a) if fits else None for a, fits in zip(arrays, small)], small)
+        state.plans[key] = plan
+        return plan
+
+    def _wrap(self, array: np.ndarray, plan: _CallPlan, slot: int) -> Any:
+        """Small inputs are copied into an aligned per-thread buffer (cheaper than wrapping); large ones are
+        wrapped without a copy when 64-byte aligned, else copied into an aligned per-thread buffer."""
         if not self._on_cpu:
             return self._tvm.runtime.tensor(array, device=self._device)
-        tensor = self._from_dlpack(array, require_contiguous=True)
-        if tensor.data_ptr() % ALIGNMENT == 0:  # data_ptr(): 0.1 us; array.ctypes.data costs ~3 us
-            return tensor
-        key = (slot, array.shape, array.dtype.str)
-        staged = state.staging.get(key)
-        if staged is None:
-            raw = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
-            offset = (-raw.ctypes.data) % ALIGNMENT
-            buffer = raw[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
-            staged = state.staging[key] = (buffer, self._from_dlpack(buffer, require_alignment=ALIGNMENT))
+        staged = plan.staged[slot]
+        if staged is None or not plan.small[slot]:
+            tensor = self._from_dlpack(array, require_contiguous=True)
+            if tensor.data_ptr() % ALIGNMENT == 0:  # data_ptr(): 0.1 us; array.ctypes.data costs ~3 us
+                return tensor
+            if staged is None:
+                staged = plan.staged[slot] = self._staging(array)
         np.copyto(staged[0], array)
         return staged[1]
 
     def _run(self, feeds: dict[str, np.ndarray], dispatch: bool) -> list[np.ndarray]:
-        state = self._thread_state()
+        state = self._local if hasattr(self._local, "plans") else self._thread_state()
         arrays = [feeds[name] for name in self._names]
-        key = tuple(a.shape for a in arrays) if dispatch else None
-        function = state.functions.get(key) or state.functions[None]
-        inputs = [self._wrap(a, state, slot) for slot, a in enumerate(arrays)]
-        results = flatten_outputs(function(*inputs))
+        key = (dispatch, *((a.shape, a.dtype) for a in arrays))
+        plan = state.plans.get(key) or self._plan(state, key, arrays, dispatch)
+        inputs = [self._wrap(a, plan, slot) for slot, a in enumerate(arrays)]
+        result = plan.function(*inputs)
+        results = [result] if hasattr(result, "data_ptr") else flatten_outputs(result)
         if not self._on_cpu:
             return [t.numpy() for t in results]
-        # an output that is an input passed through must not alias the caller's array or a staging buffer
-        held = {t.data_ptr() for t in inputs}
-        return [np.from_dlpack(t).copy() if t.data_ptr() in held else np.from_dlpack(t) for t in results]
+        if plan.passthrough is None:
+            # an output that is an input passed through must not alias the caller's array or a staging buffer
+            held = {t.data_ptr() for t in inputs}
+            plan.passthrough = [t.data_ptr() in held for t in results]
+        return [np.from_dlpack(t).copy() if copy else np.from_dlpack(t) for t, copy in zip(results, plan.passthrough)]
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self._run(feeds, dispatch=True)
