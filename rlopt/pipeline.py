@@ -248,7 +248,7 @@ class _Network:
         """A native build keyed by its ONNX input, its recipe section, this CPU and the tuning database."""
         components = self.key(
             stage=backend, upstream=sha256_file(source), precision=self.spec.precision,
-            network=self.spec.model_dump(mode="json", include={"inputs", "profiles"}),
+            network=self.spec.model_dump(mode="json", include={"inputs", "profiles", "shapes"}),
             recipe={"tvm": self.recipe.tvm.model_dump(mode="json"),
                     "tensorrt": self.recipe.tensorrt.model_dump(mode="json")}[backend],
             machine=cpu_identity(), tuning_database=tuning_digest(self.recipe_path))
@@ -352,7 +352,7 @@ class _Network:
 
         reference: Reference = self.timed(
             "reference",
-            lambda: self.cached("reference", self.key(stage="reference", network=interface,
+            lambda: self.cached("reference", self.key(stage="reference", network=interface, shapes=spec.shapes,
                                                       verify={"samples": verify.samples, "seed": verify.seed}),
                                 record, lambda _: ({"reference.npz": reference_path}, {}), restore_reference),
             lambda ref: f"{len(ref.points)} shapes x {verify.samples} samples")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlopt.errors import RecipeError, located
 
@@ -72,6 +72,23 @@ class InputSpec(_Strict):
         return [i for i, (lo, hi) in enumerate(zip(self.min, self.max)) if lo != hi]
 
 
+def shape_slug(shapes: dict[str, list[int]]) -> str:
+    """`2x8x768` (inputs joined by '-'): the name of an extra shape in reference.npz, the manifest and file names."""
+    return "-".join("x".join(str(d) for d in dims) for dims in shapes.values())
+
+
+def shape_problem(shapes: dict[str, list[int]], inputs: dict[str, InputSpec]) -> str | None:
+    """Why `shapes` cannot be fed to a network with these inputs, or None."""
+    if set(shapes) != set(inputs):
+        return f"names inputs {sorted(shapes)}; give exactly the network's inputs {sorted(inputs)}"
+    for name, dims in shapes.items():
+        spec = inputs[name]
+        assert spec.min is not None and spec.max is not None
+        if len(dims) != len(spec.min) or not all(lo <= d <= hi for d, lo, hi in zip(dims, spec.min, spec.max)):
+            return f"{name} {list(dims)} is outside the profile [min {spec.min}, max {spec.max}]"
+    return None
+
+
 class ProfileRange(_Strict):
     """One input's min/opt/max inside an extra TensorRT optimization profile."""
 
@@ -92,6 +109,39 @@ class NetworkSpec(_Strict):
     # Extra TensorRT optimization profiles (input -> min/opt/max), each inside the inputs' [min, max];
     # profile 0 is always the inputs' own min/opt/max. Checked in rlopt.tensorrt_plan.
     profiles: list[dict[str, ProfileRange]] = Field(default_factory=list)
+    # Extra exact shapes (input -> dims) besides min/opt/max, each inside [min, max]: recorded in the
+    # reference, verified, timed and given their own tuned TVM library; `auto` routes each to its fastest
+    # backend. A recipe's `warmup_profile` adds the shapes its requests name.
+    shapes: list[dict[str, list[int]]] = Field(default_factory=list)
+
+    @field_validator("shapes")
+    @classmethod
+    def _extra_shapes(cls, value: list[dict[str, list[int]]], info: ValidationInfo) -> list[dict[str, list[int]]]:
+        inputs = info.data.get("inputs")
+        if not inputs:
+            return value  # the inputs' own error is reported
+        ordered = []
+        for index, shapes in enumerate(value):
+            problem = shape_problem(shapes, inputs)
+            if problem:
+                raise ValueError(f"[{index}]: {problem}; fix: keep every extra shape inside the inputs' [min, max]")
+            ordered.append({name: list(shapes[name]) for name in inputs})
+        return ordered
+
+    def points(self) -> dict[str, dict[str, list[int]]]:
+        """The named shapes to verify and time: min, opt, max, then each extra shape (named by its dims).
+
+        A shape equal to an earlier one is listed once, under the earlier name.
+        """
+        named: dict[str, dict[str, list[int]]] = {}
+        for point in PROFILE_POINTS:
+            shapes = {name: spec.dims(point) for name, spec in self.inputs.items()}
+            if shapes not in named.values():
+                named[point] = shapes
+        for shapes in self.shapes:
+            if shapes not in named.values():
+                named[shape_slug(shapes)] = shapes
+        return named
 
     @field_validator("inputs")
     @classmethod
@@ -185,6 +235,9 @@ class Recipe(_Strict):
     tvm: TvmConfig = Field(default_factory=TvmConfig)
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    # A warmup profile (contract section 6, path relative to the recipe) whose request shapes are built,
+    # verified and tuned like `networks.<n>.shapes` of the network it names.
+    warmup_profile: str | None = None
 
     @field_validator("networks")
     @classmethod
@@ -252,7 +305,8 @@ def explain_validation_error(file: Path | str, exc: ValidationError) -> str:
         message = "unknown field"
     fix = _FIXES.get(err["type"], "correct the value as the message says")
     if err["type"] == "value_error":
-        fix = "see the message"
+        message, _, given = message.partition("; fix: ")  # a validator may name its own fix
+        fix = given or "see the message"
     return located(file, field, message, fix)
 
 
@@ -282,6 +336,37 @@ def load_recipe(path: Path | str) -> Recipe:
     path = Path(path)
     document = load_yaml_mapping(path, "recipe")
     try:
-        return Recipe.model_validate(document)
+        recipe = Recipe.model_validate(document)
     except ValidationError as exc:
         raise RecipeError(explain_validation_error(path, exc)) from None
+    if recipe.warmup_profile:
+        add_warmup_shapes(recipe, path)
+    return recipe
+
+
+def add_warmup_shapes(recipe: Recipe, path: Path) -> None:
+    """Append the shapes of the recipe's warmup profile to the `shapes` of the network it drives."""
+    from rlopt.errors import ProfileError
+    from rlopt.warmup_profile import read_profile
+
+    assert recipe.warmup_profile is not None
+    profile_path = path.parent / recipe.warmup_profile
+    if not profile_path.is_file():
+        raise RecipeError(located(path, "warmup_profile", f"{profile_path} not found",
+                                  "give a warmup profile path relative to the recipe, or drop the field"))
+    try:
+        profile = read_profile(profile_path)
+    except ProfileError as exc:
+        raise RecipeError(str(exc)) from None
+    spec = recipe.networks.get(profile.network)
+    if spec is None:
+        raise RecipeError(located(profile_path, "network", f"'{profile.network}' is not a network of {path.name}",
+                                  f"use one of {sorted(recipe.networks)}"))
+    for index, request in enumerate(profile.requests):
+        problem = shape_problem(request.shapes, spec.inputs)
+        if problem:
+            raise RecipeError(located(profile_path, f"requests[{index}].shapes", problem,
+                                      f"keep the warmup profile inside networks.{profile.network}'s profile"))
+        shapes = {name: list(request.shapes[name]) for name in spec.inputs}
+        if shapes not in spec.shapes:
+            spec.shapes.append(shapes)

@@ -12,20 +12,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from rlopt.errors import ArtifactError, RecipeError, first_line, located
-from rlopt.recipe import PROFILE_POINTS, InputSpec, NetworkSpec
+from rlopt.recipe import InputSpec, NetworkSpec
 from rlopt.runtime.outputs import flatten_outputs
-
-
-def profile_points(inputs: dict[str, InputSpec]) -> list[str]:
-    """min, opt, max; a point identical to an earlier one is checked once."""
-    seen: list[tuple] = []
-    points = []
-    for point in PROFILE_POINTS:
-        key = tuple(tuple(spec.dims(point)) for spec in inputs.values())
-        if key not in seen:
-            seen.append(key)
-            points.append(point)
-    return points
 
 
 def random_input(rng: np.random.Generator, spec: InputSpec, shape: list[int]) -> np.ndarray:
@@ -49,7 +37,7 @@ class Reference:
 
     @property
     def points(self) -> list[str]:
-        return sorted({key.split(":")[0] for key in self.arrays}, key=PROFILE_POINTS.index)
+        return list(dict.fromkeys(key.split(":")[0] for key in self.arrays))
 
     def samples(self, point: str) -> int:
         return int(self.arrays[f"{point}:in:{self.input_names[0]}"].shape[0])
@@ -94,19 +82,18 @@ def record_reference(module: Any, spec: NetworkSpec, samples: int, seed: int, *,
 
     rng = np.random.default_rng(seed)
     arrays: dict[str, np.ndarray] = {}
-    for point in profile_points(spec.inputs):
+    for point, shapes in spec.points().items():
         per_input: dict[str, list[np.ndarray]] = {name: [] for name in spec.inputs}
         per_output: dict[str, list[np.ndarray]] = {name: [] for name in spec.outputs}
         for _ in range(samples):
-            feeds = {name: random_input(rng, s, s.dims(point)) for name, s in spec.inputs.items()}
+            feeds = {name: random_input(rng, s, shapes[name]) for name, s in spec.inputs.items()}
             try:
                 with torch.inference_mode():
                     result = module(*[torch.from_numpy(feeds[name]) for name in spec.inputs])
             except Exception as exc:  # the user's forward may raise anything
                 first = first_line(exc)
                 raise RecipeError(located(recipe_path, f"networks.{network}.inputs",
-                                          f"the module's forward fails at the {point} shape "
-                                          f"{ {n: s.dims(point) for n, s in spec.inputs.items()} }: {first}",
+                                          f"the module's forward fails at the {point} shape {shapes}: {first}",
                                           "give input shapes and dtypes the module accepts")) from None
             outputs = flatten_outputs(result)
             if len(outputs) != len(spec.outputs) or not all(isinstance(o, torch.Tensor) for o in outputs):

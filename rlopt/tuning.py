@@ -96,14 +96,16 @@ def file_slug(shapes: Shapes) -> str:
 
 
 def profile_shapes(spec: NetworkSpec) -> list[tuple[list[str], Shapes]]:
-    """Distinct static shapes of a network's profile, each with the points (min/opt/max) it serves."""
+    """Distinct static shapes of a network (min/opt/max, then its extra shapes), each with the points it serves."""
     from rlopt.recipe import PROFILE_POINTS
 
     found: dict[tuple, tuple[list[str], Shapes]] = {}
-    for point in PROFILE_POINTS:
-        shapes = {name: s.dims(point) for name, s in spec.inputs.items()}
+    named = [(point, {name: s.dims(point) for name, s in spec.inputs.items()}) for point in PROFILE_POINTS]
+    for point, shapes in [*named, *spec.points().items()]:
         key = tuple(tuple(v) for v in shapes.values())
-        found.setdefault(key, ([], shapes))[0].append(point)
+        points = found.setdefault(key, ([], shapes))[0]
+        if point not in points:
+            points.append(point)
     return list(found.values())
 
 

@@ -160,7 +160,7 @@ def auto_routes(record: NetworkRecord, usable: list[str]) -> tuple[dict[ShapeKey
     """`auto`: per profile shape, the usable backend with the lowest measured p50 there; for other shapes,
     the lowest `unbucketed_p50`. Only verified backends that can run here (`usable`, best first) count."""
     routes: dict[ShapeKey, str] = {}
-    for point in ("min", "opt", "max"):
+    for point in dict.fromkeys(p for name in usable for p in record.artifacts[name].latency_us):
         measured = {name: record.artifacts[name].latency_us[point] for name in usable
                     if point in record.artifacts[name].latency_us}
         if measured:
