@@ -103,6 +103,10 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
         shapes = ", ".join(f"{n} {p.dtype} min {p.min} opt {p.opt} max {p.max}" for n, p in network.inputs.items())
         stdout.print(f"[bold]{name}[/] ({network.kind}, {network.precision}): {shapes} -> {network.outputs}; "
                      f"selected: {network.selected}")
+        routes = network.facts.get("auto_routes")
+        if routes:
+            stdout.print("  auto: " + ", ".join(f"{shape} -> {backend}" for shape, backend in routes.items()),
+                         markup=False)
         for backend, record in network.artifacts.items():
             notes = record.facts.get("fused_kernels")
             if notes:
