@@ -26,7 +26,8 @@ from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.lazy import require
 from rlopt.recipe import NetworkSpec, TvmConfig
 from rlopt.stages.base import StageOutput
-from rlopt.stages.tvm_import import fused_kernels, import_relax, scheduled_kernels, tensorize_shape_comparisons
+from rlopt.stages.tvm_import import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
+                                     tensorize_shape_comparisons)
 
 __all__ = ["build_tvm", "target_slug", "fused_kernels", "tensorize_shape_comparisons"]
 
@@ -94,26 +95,33 @@ def required_cpu_features(target_dict: dict[str, Any]) -> list[str]:
     return isa_features(codegen.llvm_get_cpu_features(tvm.target.Target(target_dict)))
 
 
-MULTITHREAD_MIN_SPEEDUP = 1.25
+MULTITHREAD_MIN_SPEEDUP = 1.1
+THREAD_ROUNDS = 5
 _pool_lock = threading.Lock()
 
 
-def _median_us(call: Callable[[], object], budget_s: float) -> float:
+def _interleaved_medians_us(call: Callable[[], object], configure: Callable[[int, int], object],
+                            candidates: list[int], budget_s: float) -> dict[str, float]:
+    """Median call time per thread count, alternating the counts round by round so drift hits all alike."""
     import numpy as np
 
-    for _ in range(2):
-        call()
-    samples: list[int] = []
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < 3 or (time.perf_counter() < deadline and len(samples) < 500):
-        start = time.perf_counter_ns()
-        call()
-        samples.append(time.perf_counter_ns() - start)
-    return round(float(np.median(samples)) / 1e3, 2)
+    samples: dict[int, list[int]] = {n: [] for n in candidates}
+    for _ in range(THREAD_ROUNDS):
+        for threads in candidates:
+            configure(1, threads)
+            call()  # the first call after re-sizing the pool wakes its workers: not timed
+            deadline = time.perf_counter() + budget_s / THREAD_ROUNDS
+            count = 0
+            while count < 2 or (time.perf_counter() < deadline and count < 100):
+                start = time.perf_counter_ns()
+                call()
+                samples[threads].append(time.perf_counter_ns() - start)
+                count += 1
+    return {str(n): round(float(np.median(v)) / 1e3, 2) for n, v in samples.items()}
 
 
 def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict[str, str], cores: int,
-                   budget_s: float = 0.05) -> tuple[int, dict[str, dict[str, float]]]:
+                   budget_s: float = 0.1) -> tuple[int, dict[str, dict[str, float]]]:
     """Time each tuned static library at 1..`cores` TVM threads, in this process; more than 1 for a clear win.
 
     TVM sizes its pool once, from TVM_NUM_THREADS (default: half the cores), so this sets it to `cores`
@@ -138,11 +146,8 @@ def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict
             for shapes, path in builds:
                 main = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())["main"]
                 args = [tvm.runtime.tensor(np.zeros(dims, dtype=dtypes[name])) for name, dims in shapes.items()]
-                row = {}
-                for threads in candidates:
-                    configure(1, threads)
-                    row[str(threads)] = _median_us(lambda: main(*args), budget_s)
-                table["x".join(str(d) for dims in shapes.values() for d in dims)] = row
+                key = "x".join(str(d) for dims in shapes.values() for d in dims)
+                table[key] = _interleaved_medians_us(lambda: main(*args), configure, candidates, budget_s)
 
             def speedup(threads: int) -> float:
                 """Geometric mean over shapes of (1-thread latency / latency at `threads`)."""
@@ -222,6 +227,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         if database is not None:
             static = apply_database(static, target, database)
         tuned, untuned = kernel_split(static)
+        static = fold_weight_layouts(static)
         path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
         pending.append(pool.submit(_compile, static, target, path, recipe_path, network))
         libraries.append((workload.shapes, path))
