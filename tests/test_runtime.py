@@ -67,14 +67,29 @@ def test_auto_routes_pick_per_shape_and_rank_other_shapes_by_the_path_that_serve
     latencies = {"onnxruntime": {"min": 20.0, "opt": 90.0, "max": 250.0},
                  "tvm": {"min": 25.0, "opt": 80.0, "max": 190.0}}
     bucketed = {"shape_builds": [{"shapes": {"input0": [2, 3, 32]}}], "variant_latency_us": {"dynamic": {"opt": 9000.0}}}
-    routes, other = auto_routes(_record_with(latencies, bucketed), ["tvm", "onnxruntime"])
-    assert routes == {((1, 1, 32),): "onnxruntime", ((2, 3, 32),): "tvm", ((4, 6, 32),): "tvm"}
-    assert other == "onnxruntime", "TVM's untuned dynamic library serves other shapes: 9 ms is not 80 us"
+    plan = auto_routes(_record_with(latencies, bucketed), ["tvm", "onnxruntime"])
+    assert plan.routes == {((1, 1, 32),): "onnxruntime", ((2, 3, 32),): "tvm", ((4, 6, 32),): "tvm"}
+    assert plan.fallback == "onnxruntime", "TVM's untuned dynamic library serves other shapes: 9 ms is not 80 us"
+    assert plan.onnxruntime_spinning is False, "ORT shares the process with TVM's pool: no spinning"
     unmeasured = {"shape_builds": [{"shapes": {"input0": [2, 3, 32]}}]}
-    assert auto_routes(_record_with(latencies, unmeasured), ["tvm", "onnxruntime"])[1] == "onnxruntime"
-    assert auto_routes(_record_with(latencies, {}), ["tvm", "onnxruntime"])[1] == "tvm", "no buckets: opt decides"
-    routes, other = auto_routes(_record_with(latencies, bucketed), ["onnxruntime"])
-    assert set(routes.values()) == {"onnxruntime"} and other == "onnxruntime", "only usable backends count"
+    assert auto_routes(_record_with(latencies, unmeasured), ["tvm", "onnxruntime"]).fallback == "onnxruntime"
+    alone = auto_routes(_record_with(latencies, {}), ["tvm", "onnxruntime"])
+    assert alone.fallback == "tvm" and set(alone.routes.values()) == {"tvm", "onnxruntime"}
+    only_ort = auto_routes(_record_with(latencies, bucketed), ["onnxruntime"])
+    assert set(only_ort.routes.values()) == {"onnxruntime"} and only_ort.fallback == "onnxruntime"
+    assert only_ort.onnxruntime_spinning is True, "ORT alone keeps its fastest setting"
+
+
+def test_auto_reroutes_with_onnxruntime_latency_without_spinning_when_backends_mix() -> None:
+    from rlopt.runtime import auto_routes
+
+    latencies = {"onnxruntime": {"min": 20.0, "opt": 90.0, "max": 250.0},
+                 "tvm": {"min": 25.0, "opt": 80.0, "max": 190.0}}
+    record = _record_with(latencies, {})
+    record.artifacts["onnxruntime"].facts["latency_without_spinning_us"] = {"min": 40.0, "opt": 120.0, "max": 300.0}
+    plan = auto_routes(record, ["onnxruntime", "tvm"])
+    assert set(plan.routes.values()) == {"tvm"} and plan.fallback == "tvm", "quiet ORT (40 us) loses min to TVM"
+    assert plan.onnxruntime_spinning is True, "ORT is not loaded at all"
 
 
 def test_auto_session_follows_the_manifest_routes_and_matches_the_reference(tiny_compiled: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,22 +157,50 @@ def unbucketed_p50(artifact: BackendRecord) -> float:
     return latency.p50 if latency else float("inf")
 
 
-def auto_routes(record: NetworkRecord, usable: list[str]) -> tuple[dict[ShapeKey, str], str]:
-    """`auto`: per profile shape, the usable backend with the lowest measured p50 there; for other shapes,
-    the lowest `unbucketed_p50`. Only verified backends that can run here (`usable`, best first) count."""
+@dataclass(frozen=True)
+class AutoPlan:
+    """What `auto` loads: a backend per measured shape, one for every other shape, and whether ONNX Runtime may
+    spin (only when it is the session's only backend: its spinning pool starves another backend's threads)."""
+
+    routes: dict[ShapeKey, str]
+    fallback: str
+    onnxruntime_spinning: bool
+
+
+def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> tuple[dict[ShapeKey, str], str]:
+    def p50(name: str, point: str) -> float:
+        quiet = record.artifacts[name].facts.get("latency_without_spinning_us", {})
+        if quiet_ort and name == "onnxruntime" and point in quiet:
+            return float(quiet[point])
+        return record.artifacts[name].latency_us[point].p50
+
     routes: dict[ShapeKey, str] = {}
     for point in dict.fromkeys(p for name in usable for p in record.artifacts[name].latency_us):
-        measured = {name: record.artifacts[name].latency_us[point] for name in usable
-                    if point in record.artifacts[name].latency_us}
+        measured = [name for name in usable if point in record.artifacts[name].latency_us]
         if measured:
-            best = min(measured, key=lambda name: measured[name].p50)
-            key = tuple(tuple(int(d) for d in measured[best].shape[n]) for n in record.inputs)
-            routes.setdefault(key, best)
+            best = min(measured, key=lambda name: p50(name, point))
+            shape = record.artifacts[best].latency_us[point].shape
+            routes.setdefault(tuple(tuple(int(d) for d in shape[n]) for n in record.inputs), best)
     timed = {name: unbucketed_p50(record.artifacts[name]) for name in usable}
+    if quiet_ort and "onnxruntime" in timed:
+        timed["onnxruntime"] = float(record.artifacts["onnxruntime"].facts.get("latency_without_spinning_us", {})
+                                     .get("opt", timed["onnxruntime"]))
     fallback = min(usable, key=lambda name: (timed[name], usable.index(name)))
     if timed[fallback] == float("inf"):
         fallback = usable[0]
     return routes, fallback
+
+
+def auto_routes(record: NetworkRecord, usable: list[str]) -> AutoPlan:
+    """`auto`: per measured shape the usable backend with the lowest p50 there, for other shapes the lowest
+    `unbucketed_p50`. Only verified backends that can run here (`usable`, best first) count. When that mixes ONNX
+    Runtime with another backend, ORT runs without spinning and the routes are re-chosen with its latency so."""
+    routes, fallback = _best_routes(record, usable, quiet_ort=False)
+    chosen = set(routes.values()) | {fallback}
+    if "onnxruntime" in chosen and len(chosen) > 1:
+        routes, fallback = _best_routes(record, usable, quiet_ort=True)
+        chosen = set(routes.values()) | {fallback}
+    return AutoPlan(routes, fallback, onnxruntime_spinning=chosen == {"onnxruntime"} or "onnxruntime" not in chosen)
 
 
 def usable_backends(manifest: Manifest, model_dir: Path, network: str) -> list[str]:
@@ -230,16 +259,21 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
+    spinning = True
     if backend == "auto":
         record = manifest.network(network, model_dir)
-        routes, fallback = auto_routes(record, usable_backends(manifest, model_dir, network))
+        plan = auto_routes(record, usable_backends(manifest, model_dir, network))
+        routes, fallback, spinning = plan.routes, plan.fallback, plan.onnxruntime_spinning
     else:
         fallback = resolve_backend(manifest, model_dir, network, backend)
         record, routes = manifest.networks[network], {}
     runners: dict[str, Runner] = {}
     try:
         for name in dict.fromkeys([fallback, *routes.values()]):
-            runners[name] = open_artifact(model_dir, name, record.artifacts[name], list(record.inputs))
+            artifact = record.artifacts[name]
+            if name == "onnxruntime" and not spinning:
+                artifact = artifact.model_copy(update={"facts": {**artifact.facts, "allow_spinning": False}})
+            runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs))
     except BaseException:
         for runner in runners.values():
             runner.close()
@@ -247,4 +281,5 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     return Session(runners, routes, fallback, network, record)
 
 
-__all__ = ["Session", "load", "open_artifact", "check_feeds", "ranked_backends", "auto_routes", "KNOWN_BACKENDS"]
+__all__ = ["Session", "load", "open_artifact", "check_feeds", "ranked_backends", "auto_routes", "AutoPlan",
+           "KNOWN_BACKENDS"]

@@ -55,6 +55,8 @@ class OnnxRuntimeRunner:
         if threads:
             options.intra_op_num_threads = int(threads)
         options.log_severity_level = 3
+        if facts.get("allow_spinning") is False:  # set by `auto` when this session shares the cores with TVM's pool
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors for a corrupt model
