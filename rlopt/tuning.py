@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -320,7 +321,7 @@ def _progress_callback(tasks: list[Task], reporter: TuneReporter, deadline: floa
                     if task.best_us is None or seconds * 1e6 < task.best_us:
                         task.best_us = seconds * 1e6
             reporter.trials_measured(task)
-            if deadline is not None and time.monotonic() > deadline:
+            if stopped[0] or (deadline is not None and time.monotonic() > deadline):
                 # terminating tasks from here trips the scheduler's own checks; unwinding is clean, and
                 # every record measured so far is already in the database (AddToDatabase runs first)
                 stopped[0] = True
@@ -330,6 +331,27 @@ def _progress_callback(tasks: list[Task], reporter: TuneReporter, deadline: floa
 
 
 # ---------------------------------------------------------------- tuning
+
+class TuningInterrupted(UsageError):
+    """Ctrl-C during tuning: the database holds what was measured; exit 130 like any interrupt."""
+
+    exit_code = 130
+
+
+def _stop_on_interrupt(stopped: list[bool], interrupted: list[bool]) -> Any:
+    """Ctrl-C ends tuning at the next measured batch, like a spent budget. A KeyboardInterrupt raised inside
+    MetaSchedule's Python callbacks (called from C++) crashed the process (SIGSEGV), so the handler only
+    sets flags. Returns the previous handler (None off the main thread, where signals cannot be set)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        stopped[0] = interrupted[0] = True
+
+    return signal.signal(signal.SIGINT, handler)
+
 
 @dataclass
 class RpcSpec:
@@ -484,7 +506,7 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
     for task in to_tune:
         task.trials = trials
     reporter.tuning_started(to_tune, skipped)
-    stopped = [False]
+    stopped, interrupted = [False], [False]
     kind = cost_model_kind()
     if to_tune:
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -501,6 +523,7 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
             callbacks.append(_progress_callback(to_tune, reporter, deadline, stopped))
             # small enough that the first round reaches every kernel (the budget is per shape, not per kernel)
             per_iter = max(1, min(16, trials * len(pending) // (2 * len(to_tune))))
+            previous_handler = _stop_on_interrupt(stopped, interrupted)
             try:
                 ms.tune.tune_tasks(
                     tasks=contexts, task_weights=weights, work_dir=str(scratch),
@@ -511,6 +534,9 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
             except Exception:  # BudgetSpent comes back through TVM's FFI as its own error type
                 if not stopped[0]:
                     raise
+            finally:
+                if previous_handler is not None:
+                    signal.signal(signal.SIGINT, previous_handler)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     def meta_entry(workload: Workload) -> dict[str, Any]:
@@ -523,7 +549,10 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
         prune_records(directory)
         _OPENED.clear()
     write_meta(directory, target_dict, kind, {w.key: meta_entry(w) for w in workloads})
-    reporter.tuning_finished(stopped[0])
+    reporter.tuning_finished(stopped[0] and not interrupted[0])
+    if interrupted[0]:
+        raise TuningInterrupted(f"tuning interrupted; the records measured so far are in {directory}; "
+                                f"fix: run the same 'rlopt tune' again to resume")
     return TuneResult(directory, target_dict, to_tune, skipped, [w.key for w in workloads],
                       time.monotonic() - started, stopped[0], kind)
 

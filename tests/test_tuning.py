@@ -401,6 +401,36 @@ def test_time_budget_stops_and_marks_the_workload_partial(tmp_path: Path) -> Non
     assert read_meta(result.database)["workloads"]["policy[input0=2x3x32]"]["partial"] is True
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_tuning_cleanly_and_keeps_the_records(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from rlopt.tuning import RECORD_FILE, read_meta
+
+    recipe = _static_recipe(tmp_path)
+    records = tmp_path / "static.tuning"
+    proc = subprocess.Popen([sys.executable, "-m", "rlopt", "tune", str(recipe), "--trials", "512"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, COLUMNS="200"))
+    try:
+        deadline = time.monotonic() + 240
+        while not any(f.stat().st_size for f in records.glob(f"*/{RECORD_FILE}")):  # first batch measured
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "Segmentation" not in err
+    assert "tuning interrupted" in err.strip().splitlines()[-1]
+    (database,) = records.glob("*")
+    assert read_meta(database)["workloads"]["policy[input0=2x3x32]"]["partial"] is True
+    assert (database / RECORD_FILE).read_text().strip(), "the records measured before Ctrl-C are kept"
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
