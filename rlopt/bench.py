@@ -54,7 +54,7 @@ from rlopt.reference import Reference
 from rlopt.runtime.backends import unavailable_reason
 
 WARMUP_CALLS = 5
-BLOCK_CALLS = 3
+BLOCK_CALLS = 8
 MIN_ROUNDS = 10
 MAX_ROUNDS = 2000
 DEFAULT_BUDGET_S = 2.0
