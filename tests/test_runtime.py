@@ -122,3 +122,12 @@ def test_remembered_shapes_still_reject_bad_inputs(tiny_compiled: Path) -> None:
         session.run({"input0": x.tolist()})
     strided = np.zeros((2, 32, 3), np.float32).transpose(0, 2, 1)
     assert session.run({"input0": strided})["logits"].shape == (2, 3, 5)
+
+
+def test_auto_keeps_its_leader_unless_another_backend_is_clearly_faster() -> None:
+    from rlopt.runtime import auto_routes
+
+    close = {"onnxruntime": {"min": 23.0, "opt": 90.0, "max": 150.0}, "tvm": {"min": 25.0, "opt": 80.0, "max": 190.0}}
+    plan = auto_routes(_record_with(close, {}), ["tvm", "onnxruntime"])
+    assert plan.routes[((1, 1, 32),)] == "tvm", "23 vs 25 us is within timing noise: no second backend for it"
+    assert plan.routes[((4, 6, 32),)] == "onnxruntime", "150 vs 190 us is a clear win"

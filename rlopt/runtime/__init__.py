@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -69,6 +69,7 @@ def check_feeds(feeds: dict[str, Any], profiles: dict[str, InputProfile]) -> dic
 
 ShapeKey = tuple[tuple[int, ...], ...]
 FAST_PATH_ENTRIES = 256
+SWITCH_MARGIN = 0.85  # another backend takes a shape from auto's leader only when at least 15% faster there
 
 
 class Session:
@@ -174,18 +175,27 @@ def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> t
             return float(quiet[point])
         return record.artifacts[name].latency_us[point].p50
 
+    def pick(candidates: list[str], cost: Callable[[str], float]) -> str:
+        """The fastest, but the leader (usable[0], fastest at opt) keeps a shape unless another backend is clearly
+        faster: compile-time timings are short, and every extra backend in a session costs (see AutoPlan)."""
+        best = min(candidates, key=lambda name: (cost(name), usable.index(name)))
+        leader = usable[0]
+        if leader in candidates and best != leader and not cost(best) < SWITCH_MARGIN * cost(leader):
+            return leader
+        return best
+
     routes: dict[ShapeKey, str] = {}
     for point in dict.fromkeys(p for name in usable for p in record.artifacts[name].latency_us):
         measured = [name for name in usable if point in record.artifacts[name].latency_us]
         if measured:
-            best = min(measured, key=lambda name: p50(name, point))
+            best = pick(measured, lambda name: p50(name, point))
             shape = record.artifacts[best].latency_us[point].shape
             routes.setdefault(tuple(tuple(int(d) for d in shape[n]) for n in record.inputs), best)
     timed = {name: unbucketed_p50(record.artifacts[name]) for name in usable}
     if quiet_ort and "onnxruntime" in timed:
         timed["onnxruntime"] = float(record.artifacts["onnxruntime"].facts.get("latency_without_spinning_us", {})
                                      .get("opt", timed["onnxruntime"]))
-    fallback = min(usable, key=lambda name: (timed[name], usable.index(name)))
+    fallback = pick(usable, lambda name: timed[name])
     if timed[fallback] == float("inf"):
         fallback = usable[0]
     return routes, fallback
