@@ -71,6 +71,36 @@ def weight_bytes(onnx_path: Path) -> int:
     return int(sum(numpy_helper.to_array(init).nbytes for init in model.graph.initializer))
 
 
+def openblas_core() -> str | None:
+    """The kernel family numpy's OpenBLAS dispatched to on this CPU (it falls back to Haswell = AVX2 on CPUs it
+    does not know, e.g. Zen 5, so its sgemm is an AVX2 roof, not the AVX-512 peak that TVM and MLAS use)."""
+    import ctypes
+    import glob
+
+    root = Path(np.__file__).parent.parent
+    for library in glob.glob(str(root / "numpy.libs" / "*openblas*")) + glob.glob(str(root / "scipy_openblas*" / "lib" / "*.so")):
+        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
+            try:
+                function = getattr(ctypes.CDLL(library), name)
+            except (OSError, AttributeError):
+                continue
+            function.restype = ctypes.c_char_p
+            return str(function().decode())
+    return None
+
+
+def untuned_recipe(recipe: Path, work_dir: Path) -> Path:
+    """A copy of `recipe` (and the files it references) without its tuning database, for an untuned compile."""
+    folder = work_dir / f"{recipe.stem}.untuned-src"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for item in recipe.parent.iterdir():
+        if item.is_dir() and not item.name.endswith(".tuning"):
+            shutil.copytree(item, folder / item.name)
+    shutil.copy(recipe, folder / recipe.name)
+    return folder / recipe.name
+
+
 def _rlopt(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The real CLI in a fresh process (see the module docstring for why); `cache` = its RLOPT_CACHE."""
     env = dict(os.environ, **({"RLOPT_CACHE": str(cache)} if cache is not None else {}))
@@ -94,7 +124,12 @@ def bench_recipe(recipe: Path, work_dir: Path, budget_s: float, limits: dict[str
     hits = [s.get("cache", "") for n in json.loads(warm.stdout)["manifest"]["networks"].values() for s in n["stages"]
             if "cache" in s] if warm.returncode in (0, 1) else []
     print(f"[bench] compiled {recipe.name} in {compile_s:.1f} s cold, {warm_s:.1f} s warm; benching", file=sys.stderr)
-    started += warm_s
+    untuned_started = time.perf_counter()
+    untuned = _rlopt("compile", str(untuned_recipe(recipe, work_dir)), "-o", str(work_dir / f"{recipe.stem}.untuned"),
+                     "--json", cache=work_dir / f"{recipe.stem}.untuned-cache")
+    untuned_s = time.perf_counter() - untuned_started
+    print(f"[bench] untuned compile (no database, empty cache) {untuned_s:.1f} s", file=sys.stderr)
+    started += warm_s + untuned_s
     benched = _rlopt("bench", str(out), "--recipe", str(recipe), "--budget", str(budget_s), "--json")
     if benched.returncode != 0:
         raise SystemExit(f"rlopt bench {out} failed: {benched.stderr.strip()}")
@@ -112,10 +147,12 @@ def bench_recipe(recipe: Path, work_dir: Path, budget_s: float, limits: dict[str
                 row["fraction_of_numpy_sgemm"] = round(flops / limits["sgemm_gflops"], 4) if flops else None
                 if shape["point"] == "min":
                     row["bandwidth_bound_over_median"] = round(bound_us / row["median_us"], 3)
-        networks.append({"weight_bytes": weights, "batch1_bandwidth_bound_us": round(bound_us, 3), **net})
+        networks.append({"weight_bytes": weights, "batch1_bandwidth_bound_us": round(bound_us, 3),
+                         "auto_routes": record.facts.get("auto_routes", {}), **net})
     return {"recipe": str(recipe.relative_to(ROOT) if recipe.is_relative_to(ROOT) else recipe),
             "name": manifest.name, "compile_s": round(compile_s, 2), "bench_s": round(bench_s, 2),
             "compile_warm_s": round(warm_s, 2), "warm_over_cold": round(warm_s / compile_s, 3),
+            "compile_untuned_s": round(untuned_s, 2), "compile_untuned_passed": untuned.returncode == 0,
             "warm_cache_hits": f"{hits.count('hit')}/{len(hits)}",
             "compile_passed": compiled.returncode == 0, "bench_machine": report["machine"],
             "warnings": report.get("warnings", []), "networks": networks}
@@ -145,12 +182,37 @@ def markdown(results: dict[str, Any]) -> str:
                 bounds.append(f"| {recipe['name']} / {net['network']} | {net['weight_bytes'] / 1e6:.2f} MB | "
                               f"{_us(net['batch1_bandwidth_bound_us'])} | {fastest['candidate']} | "
                               f"{_us(fastest['median_us'])} | {fastest['bandwidth_bound_over_median']:.2f} |")
-    compiles = ["", "| recipe | compile, empty cache | compile, warm cache | warm / cold | cached stages hit |",
-                "|---|---|---|---|---|"]
+    compiles = ["", "| recipe | compile, shipped database, empty cache | warm cache | warm / cold | cached stages hit "
+                "| untuned (no database), empty cache |", "|---|---|---|---|---|---|"]
     for recipe in results["recipes"]:
         compiles.append(f"| {recipe['name']} | {recipe['compile_s']:.1f} s | {recipe['compile_warm_s']:.1f} s | "
-                        f"{recipe['warm_over_cold']:.2f} | {recipe['warm_cache_hits']} |")
-    return "\n".join(lines + bounds + compiles)
+                        f"{recipe['warm_over_cold']:.2f} | {recipe['warm_cache_hits']} | "
+                        f"{recipe.get('compile_untuned_s', float('nan')):.1f} s |")
+    return "\n".join(targets_table(results) + lines + bounds + compiles)
+
+
+def targets_table(results: dict[str, Any]) -> list[str]:
+    """What `auto` gives per shape, as a ratio to ONNX Runtime's best and a share of numpy's sgemm."""
+    limits = results["limits"]
+    rows = ["| recipe / network | shape | rlopt auto | ONNX Runtime best | auto / ORT best | auto GFLOP/s "
+            "(% of numpy sgemm) | auto's backend |", "|---|---|---|---|---|---|---|"]
+    for recipe in results["recipes"]:
+        for net in recipe["networks"]:
+            routes = net.get("auto_routes", {})
+            for shape in net["shapes"]:
+                by_name = {row["candidate"]: row for row in shape["results"]}
+                auto, best = by_name.get("rlopt auto"), by_name.get(shape.get("ort_best") or "")
+                if auto is None or best is None:
+                    continue
+                dims = " ".join("x".join(map(str, d)) for d in shape["shape"].values())
+                flops = auto.get("gflops_per_s")
+                share = f"{flops:.0f} ({flops / limits['sgemm_gflops']:.0%})" if flops else "-"
+                slug = "-".join("x".join(map(str, d)) for d in shape["shape"].values())
+                backend = routes.get(slug) or routes.get("other") or "-"
+                rows.append(f"| {recipe['name']} / {net['network']} | {shape['point']} {dims} | "
+                            f"{_us(auto['median_us'])} | {_us(best['median_us'])} | "
+                            f"{auto['median_us'] / best['median_us']:.2f} | {share} | {backend} |")
+    return rows + [""]
 
 
 def _us(value: float) -> str:
@@ -170,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlopt.machine import machine_facts
     from rlopt.pipeline import tool_versions
 
-    limits = {"sgemm_gflops": round(sgemm_gflops(), 2), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 2)}
+    limits = {"sgemm_gflops": round(sgemm_gflops(), 2), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 2),
+              "sgemm_openblas_core": openblas_core()}
     print(f"[bench] machine limits: {limits}", file=sys.stderr)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlopt-bench-"))
     try:
