@@ -20,7 +20,7 @@ TVM thread pools do not survive fork), built there from a picklable `CandidateSp
 there from reference.npz. Users run one backend per process; in one shared process the candidates'
 thread pools fought over the cores (TVM at the max shape: 4 ms interleaved, 0.2 ms alone).
 Timing stays interleaved round by round (a short block of calls of every candidate per round, the
-order rotated each round) so machine drift hits all alike: the parent asks one worker at a time for
+order shuffled each round, seeded) so machine drift hits all alike: the parent asks one worker at a time for
 a block and waits for its timings; the others are frozen (SIGSTOP) meanwhile, since a pipe read
 alone leaves their pools spinning for 10-50 ms after a call (see `Worker`). Each
 candidate gets WARMUP_CALLS untimed calls first, and each block's first call is untimed (see
@@ -125,7 +125,7 @@ class BenchReport(BaseModel):
 
 METHOD = ("each candidate in its own worker process (a fresh interpreter), the parent driving interleaved rounds: "
           f"per round each worker in turn runs a block of {BLOCK_CALLS} back-to-back calls, the first untimed, "
-          "while the others are frozen (SIGSTOP); order rotated each round; "
+          "while the others are frozen (SIGSTOP); order shuffled each round (seeded); "
           f"{WARMUP_CALLS} untimed warmup calls per candidate and shape first; median and p99 of single calls; "
           "ratio = median / best ONNX Runtime median at that shape")
 
@@ -670,7 +670,11 @@ def stop_all(workers: Sequence[Worker]) -> None:
 
 def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_rounds: int = MIN_ROUNDS,
                      max_rounds: int = MAX_ROUNDS) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, str]]:
-    """Warm every runner, then rounds of one block per runner (order rotated each round) for `budget_s`; ns samples.
+    """Warm every runner, then rounds of one block per runner (order shuffled each round) for `budget_s`; ns samples.
+
+    Shuffled, not rotated: a rotation keeps each runner's predecessor fixed, and on 2 cores the predecessor's
+    cache and pool state biased the next runner (two identical TVM sessions: 390 vs 234 us at the default
+    policy's max shape when rotated, 223 vs 220 us shuffled).
 
     Rounds go on until the budget is spent, at least `min_rounds` and at most `max_rounds`. A block is
     BLOCK_CALLS back-to-back calls, its first untimed (it absorbs the wake-up and the previous candidate's
@@ -693,9 +697,9 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
     samples: dict[str, list[np.ndarray]] = {name: [] for name in live}
     deadline = time.perf_counter() + budget_s
     rounds = 0
+    order = np.random.default_rng(0)
     while live and rounds < max_rounds and (rounds < min_rounds or time.perf_counter() < deadline):
-        offset = rounds % len(live)
-        for name in live[offset:] + live[:offset]:
+        for name in [live[i] for i in order.permutation(len(live))]:
             try:
                 samples[name].append(np.asarray(runners[name].block(timed), dtype=np.int64))
             except Exception as exc:

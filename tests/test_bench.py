@@ -64,7 +64,7 @@ class FakeRunner:
         return np.full(timed, 7, dtype=np.int64)
 
 
-def test_rounds_rotate_blocks_and_drop_failing_candidates() -> None:
+def test_rounds_shuffle_blocks_and_drop_failing_candidates() -> None:
     log: list[str] = []
     runners = {"a": FakeRunner("a", log), "b": FakeRunner("b", log), "c": FakeRunner("c", log),
                "broken": FakeRunner("broken", log, fail_warm=RuntimeError("no C++ compiler\nmore detail"))}
@@ -72,7 +72,13 @@ def test_rounds_rotate_blocks_and_drop_failing_candidates() -> None:
     assert failures == {"broken": "RuntimeError: no C++ compiler"}
     assert set(samples) == set(first_ms) == {"a", "b", "c"} and first_ms["a"] == 1.5
     assert all(s.size == 3 * (BLOCK_CALLS - 1) and (s == 7).all() for s in samples.values())
-    assert log == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    rounds = [log[i:i + 3] for i in range(0, 9, 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds), "every live runner once per round"
+    predecessors = {(x, y) for r in rounds for x, y in zip(r, r[1:])}
+    assert len(predecessors) > 2, "no runner always follows the same one"
+    again: list[str] = []
+    time_interleaved({n: FakeRunner(n, again) for n in "abc"}, budget_s=0.0, min_rounds=3, max_rounds=3)
+    assert again == log, "the order is seeded: runs are repeatable"
 
 
 def test_a_runner_that_dies_mid_rounds_is_dropped_and_the_others_go_on() -> None:
