@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -25,6 +25,11 @@ class InputProfile(_Model):
     min: list[int]
     opt: list[int]
     max: list[int]
+
+
+def shape_label(dims_per_input: Iterable[Sequence[int]]) -> str:
+    """`2x8x768` (inputs joined by '-'): how reference points, auto routes and timing tables name a shape."""
+    return "-".join("x".join(str(d) for d in dims) for dims in dims_per_input)
 
 
 class FileRecord(_Model):

@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+import numpy as np
+
 from rlopt import __version__
 from rlopt.errors import BackendUnavailable, StageError, UsageError, describe_exception, located
 from rlopt.cache import CacheHit, StageCache
@@ -33,6 +35,7 @@ from rlopt.manifest import (
     NetworkRecord,
     file_record,
     sha256_file,
+    shape_label,
     write_json,
 )
 from rlopt.parity import Tolerance
@@ -42,7 +45,7 @@ from rlopt.runtime import auto_routes, ranked_backends
 from rlopt.runtime.backends import open_runner
 from rlopt.runtime.tvm_runner import bucket_files
 from rlopt.stages.base import StageOutput
-from rlopt.timing import measure
+from rlopt.timing import LatencyStats, measure
 from rlopt.verify import check_parity
 from rlopt.gpu_path import precision_record, tolerance_for, write_triton
 
@@ -340,7 +343,7 @@ class _Network:
         interface = spec.model_dump(mode="json", include={"inputs", "outputs", "kind", "distribution"})
         reference_path = self.dir / "reference.npz"
 
-        def record() -> Reference:
+        def new_reference() -> Reference:
             produced = record_reference(module, spec, verify.samples, verify.seed, recipe_path=self.recipe_path,
                                         network=self.name)
             produced.save(reference_path)
@@ -354,7 +357,7 @@ class _Network:
             "reference",
             lambda: self.cached("reference", self.key(stage="reference", network=interface, shapes=spec.shapes,
                                                       verify={"samples": verify.samples, "seed": verify.seed}),
-                                record, lambda _: ({"reference.npz": reference_path}, {}), restore_reference),
+                                new_reference, lambda _: ({"reference.npz": reference_path}, {}), restore_reference),
             lambda ref: f"{len(ref.points)} shapes x {verify.samples} samples")
         self.reference_record = file_record(self.staging, reference_path)
         onnx_path = self.dir / "model.onnx"
@@ -411,8 +414,8 @@ class _Network:
         record.selected = ranked[0] if ranked else None
         if ranked:
             plan = auto_routes(record, ranked)
-            record.facts["auto_routes"] = {"x".join(str(d) for dims in key for d in dims): name
-                                           for key, name in plan.routes.items()} | {"other": plan.fallback}
+            record.facts["auto_routes"] = {shape_label(key): name for key, name in plan.routes.items()} | {
+                "other": plan.fallback}
             record.facts["auto_onnxruntime_spinning"] = plan.onnxruntime_spinning
         if record.selected is None:
             failures.append(f"{self.name}: no backend was built and verified")
@@ -453,11 +456,8 @@ class _Network:
         assert output.artifact is not None
         runner = open_runner("onnxruntime", output.artifact, list(self.spec.inputs), {**facts, "allow_spinning": False})
         try:
-            quiet = {}
-            for point in reference.points:
-                feeds = reference.feeds(point, 0)
-                quiet[point] = round(measure(lambda: runner.infer(feeds), budget_s=0.1).p50_us, 2)
-            return quiet
+            return {point: round(stats.p50_us, 2)
+                    for point, stats in time_points(runner.infer, reference, reference.points, budget_s=0.1).items()}
         finally:
             runner.close()
 
@@ -493,22 +493,25 @@ class _Network:
                 if not extra.passed:
                     base.parity = extra
                     return base, f"{self.name}/{backend} ({variant}): parity failed (max_abs {extra.max_abs:.3g})"
-                if "opt" in reference.points:
-                    feeds = reference.feeds("opt", 0)
-                    stats = measure(lambda: infer(feeds), budget_s=0.05, min_iters=5, max_iters=200, warmup=1)
-                    base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(stats.p50_us, 2)}
-            latencies = {}
-            for point in reference.points:
-                feeds = reference.feeds(point, 0)
-                stats = measure(lambda: runner.infer(feeds), budget_s=0.3)
-                latencies[point] = Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2),
-                                           p99=round(stats.p99_us, 2), iterations=stats.iterations)
-            base.latency_us = latencies
+                at_opt = time_points(infer, reference, [p for p in reference.points if p == "opt"], budget_s=0.05,
+                                     min_iters=5, max_iters=200, warmup=1)
+                if at_opt:
+                    base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(at_opt["opt"].p50_us, 2)}
+            base.latency_us = {
+                point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
+                               iterations=stats.iterations)
+                for point, stats in time_points(runner.infer, reference, reference.points, budget_s=0.3).items()}
             if backend == "onnxruntime":
                 base.facts["latency_without_spinning_us"] = self.quiet_latencies(output, reference, facts)
         finally:
             runner.close()
         return base, None
+
+
+def time_points(infer: Callable[[dict[str, np.ndarray]], object], reference: Reference, points: list[str],
+                **options: Any) -> dict[str, LatencyStats]:
+    """Latency of `infer` on each point's first recorded sample (`options` go to rlopt.timing.measure)."""
+    return {point: measure(lambda feeds=reference.feeds(point, 0): infer(feeds), **options) for point in points}
 
 
 def resolve_options(recipe: Recipe, backends: list[str] | None, tune_trials: int | None, recipe_path: Path) -> Recipe:

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlopt.errors import RecipeError, located
+from rlopt.manifest import shape_label
 
 BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
 DTYPES: tuple[str, ...] = ("float32", "float16", "int64", "int32", "uint8", "bool")
@@ -74,7 +75,7 @@ class InputSpec(_Strict):
 
 def shape_slug(shapes: dict[str, list[int]]) -> str:
     """`2x8x768` (inputs joined by '-'): the name of an extra shape in reference.npz, the manifest and file names."""
-    return "-".join("x".join(str(d) for d in dims) for dims in shapes.values())
+    return shape_label(shapes.values())
 
 
 def shape_problem(shapes: dict[str, list[int]], inputs: dict[str, InputSpec]) -> str | None:

@@ -193,6 +193,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 def targets_table(results: dict[str, Any]) -> list[str]:
     """What `auto` gives per shape, as a ratio to ONNX Runtime's best and a share of numpy's sgemm."""
+    from rlopt.manifest import shape_label
+
     limits = results["limits"]
     rows = ["| recipe / network | shape | rlopt auto | ONNX Runtime best | auto / ORT best | auto GFLOP/s "
             "(% of numpy sgemm) | auto's backend |", "|---|---|---|---|---|---|---|"]
@@ -207,8 +209,7 @@ def targets_table(results: dict[str, Any]) -> list[str]:
                 dims = " ".join("x".join(map(str, d)) for d in shape["shape"].values())
                 flops = auto.get("gflops_per_s")
                 share = f"{flops:.0f} ({flops / limits['sgemm_gflops']:.0%})" if flops else "-"
-                slug = "-".join("x".join(map(str, d)) for d in shape["shape"].values())
-                backend = routes.get(slug) or routes.get("other") or "-"
+                backend = routes.get(shape_label(shape["shape"].values())) or routes.get("other") or "-"
                 rows.append(f"| {recipe['name']} / {net['network']} | {shape['point']} {dims} | "
                             f"{_us(auto['median_us'])} | {_us(best['median_us'])} | "
                             f"{auto['median_us'] / best['median_us']:.2f} | {share} | {backend} |")

@@ -20,6 +20,7 @@ from rlopt.manifest import (
     checked_file,
     checked_private_copy,
     read_manifest,
+    shape_label,
 )
 from rlopt.runtime.backends import Runner, open_runner, unavailable_reason
 from rlopt.runtime.tvm_runner import bucket_files
@@ -96,7 +97,7 @@ class Session:
     @property
     def routes(self) -> dict[str, str]:
         """Backend per profile shape ('2x8x768' style keys) and for every other shape ('other')."""
-        table = {"x".join(str(d) for dims in key for d in dims): name for key, name in self._routes.items()}
+        table = {shape_label(key): name for key, name in self._routes.items()}
         return table | {"other": self._fallback}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -169,9 +170,11 @@ class AutoPlan:
 
 
 def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> tuple[dict[ShapeKey, str], str]:
+    ort = record.artifacts.get("onnxruntime")
+    quiet: dict[str, float] = ort.facts.get("latency_without_spinning_us", {}) if quiet_ort and ort else {}
+
     def p50(name: str, point: str) -> float:
-        quiet = record.artifacts[name].facts.get("latency_without_spinning_us", {})
-        if quiet_ort and name == "onnxruntime" and point in quiet:
+        if name == "onnxruntime" and point in quiet:
             return float(quiet[point])
         return record.artifacts[name].latency_us[point].p50
 
@@ -192,9 +195,8 @@ def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> t
             shape = record.artifacts[best].latency_us[point].shape
             routes.setdefault(tuple(tuple(int(d) for d in shape[n]) for n in record.inputs), best)
     timed = {name: unbucketed_p50(record.artifacts[name]) for name in usable}
-    if quiet_ort and "onnxruntime" in timed:
-        timed["onnxruntime"] = float(record.artifacts["onnxruntime"].facts.get("latency_without_spinning_us", {})
-                                     .get("opt", timed["onnxruntime"]))
+    if "onnxruntime" in timed and "opt" in quiet:
+        timed["onnxruntime"] = float(quiet["opt"])
     fallback = pick(usable, lambda name: timed[name])
     if timed[fallback] == float("inf"):
         fallback = usable[0]

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from typing import Any, Callable
 
 from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.lazy import require
+from rlopt.manifest import shape_label
 from rlopt.recipe import NetworkSpec, TvmConfig
 from rlopt.stages.base import StageOutput
 from rlopt.stages.tvm_import import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
@@ -35,12 +35,10 @@ PIPELINE = "tensorize shape comparisons + fold shape-only Ifs (static) + Convert
 
 
 def target_slug(target: dict[str, Any]) -> str:
-    """`tvm-<slug>.so`: the kind plus what picks the code (mcpu or arch)."""
-    parts = [str(target.get("kind", "llvm"))]
-    for key in ("mcpu", "arch"):
-        if target.get(key):
-            parts.append(str(target[key]))
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+    """`tvm-<slug>.so`: the kind plus what picks the code (mcpu or arch), as the tuning database folder names it."""
+    from rlopt.tuning import target_key
+
+    return target_key(target)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -146,7 +144,7 @@ def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict
             for shapes, path in builds:
                 main = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())["main"]
                 args = [tvm.runtime.tensor(np.zeros(dims, dtype=dtypes[name])) for name, dims in shapes.items()]
-                key = "x".join(str(d) for dims in shapes.values() for d in dims)
+                key = shape_label(shapes.values())
                 table[key] = _interleaved_medians_us(lambda: main(*args), configure, candidates, budget_s)
 
             def speedup(threads: int) -> float:
