@@ -103,19 +103,25 @@ class Session:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             arrays = [feeds[name] for name in self._names]
-            key = tuple((a.shape, a.dtype) for a in arrays if type(a) is np.ndarray and a.flags.c_contiguous)
-            infer = self._fast.get(key) if len(feeds) == len(arrays) else None
+            key = tuple([(a.shape, a.dtype) for a in arrays if type(a) is np.ndarray and a.flags.c_contiguous])
+            call = self._fast.get(key) if len(feeds) == len(arrays) else None
         except (KeyError, TypeError):
-            infer = None
-        if infer is None:
+            call = None
+        if call is None:
             checked = check_feeds(feeds, self.inputs)
             arrays = [checked[name] for name in self._names]
-            shapes = tuple(a.shape for a in arrays)
-            infer = self._runners[self._routes.get(shapes, self._fallback)].infer
+            call = self._ordered_call(self._runners[self._routes.get(tuple(a.shape for a in arrays), self._fallback)])
             if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(self._fast) < FAST_PATH_ENTRIES:
-                self._fast[tuple((a.shape, a.dtype) for a in arrays)] = infer
-            return dict(zip(self.outputs, infer(checked)))
-        return dict(zip(self.outputs, infer(dict(zip(self._names, arrays)))))
+                self._fast[tuple([(a.shape, a.dtype) for a in arrays])] = call
+        return dict(zip(self.outputs, call(arrays)))
+
+    def _ordered_call(self, runner: Runner) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """The runner's call on inputs in input order (TVM takes them so; the others take a dict)."""
+        ordered = getattr(runner, "infer_ordered", None)
+        if ordered is not None:
+            return ordered  # type: ignore[no-any-return]
+        names, infer = self._names, runner.infer
+        return lambda arrays: infer(dict(zip(names, arrays)))
 
     def close(self) -> None:
         for runner in self._runners.values():

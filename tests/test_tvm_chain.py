@@ -1,0 +1,138 @@
+"""TVM's static builds replayed as a KernelChain: same results as the VM, buffers reused safely, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rlopt
+from rlopt.runtime import tvm_runner
+from rlopt.runtime.tvm_runner import KernelChain, VmCall, record_chain
+
+SHAPES = [(1, 1, 32), (2, 3, 32), (4, 6, 32)]
+
+
+def _vm_outputs(session: rlopt.Session, x: np.ndarray) -> list[np.ndarray]:
+    """The static build's own VM on a fresh TVM tensor: what the chain must reproduce bit for bit."""
+    import tvm
+    from tvm import relax
+
+    runner = session._runners["tvm"]
+    vm = relax.VirtualMachine(runner._libraries[(x.shape,)], tvm.cpu(0))
+    result = vm["main"](tvm.runtime.tensor(x))
+    return [t.numpy() for t in tvm_runner.flatten_outputs(result)]
+
+
+@pytest.mark.parametrize("network", ["policy", "value"])
+def test_chain_matches_the_vm_call_after_call(tiny_compiled: Path, network: str) -> None:
+    session = rlopt.load(tiny_compiled, network, backend="tvm")
+    output = session.outputs[0]
+    rng = np.random.default_rng(11)
+    for shape in SHAPES:
+        kept: list[tuple[np.ndarray, np.ndarray]] = []
+        for _ in range(3):  # each call re-runs the kernels on the same buffers
+            x = rng.standard_normal(shape).astype(np.float32)
+            got = session.run({"input0": x})[output]
+            np.testing.assert_array_equal(got, _vm_outputs(session, x)[0])
+            kept.append((got, got.copy()))
+        for got, copy in kept:
+            np.testing.assert_array_equal(got, copy)  # a later call never overwrote an earlier result
+    plans = session._runners["tvm"]._local.plans
+    assert {key[0][0] for key in plans} == set(SHAPES)
+    assert all(isinstance(plan, KernelChain) for plan in plans.values())
+
+
+def test_large_aligned_inputs_are_read_in_place_and_unaligned_ones_staged(tiny_compiled: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tvm_runner, "STAGE_BYTES", 0)  # every input counts as large
+    session = rlopt.load(tiny_compiled, "policy", backend="tvm")
+    rng = np.random.default_rng(12)
+    shape = (4, 6, 32)
+    first = rng.standard_normal(shape).astype(np.float32)
+    session.run({"input0": first})  # records the chain on the staged copy
+    chain = session._runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)]
+    assert isinstance(chain, KernelChain) and chain.replaceable == [True]
+    raw = np.empty(np.prod(shape) + 32, dtype=np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    aligned = raw[start:start + np.prod(shape)].reshape(shape)
+    unaligned = raw[start + 1:start + 1 + np.prod(shape)].reshape(shape)
+    for x in (aligned, unaligned):
+        x[...] = rng.standard_normal(shape)
+        before = x.copy()
+        np.testing.assert_array_equal(session.run({"input0": x})["logits"], _vm_outputs(session, x.copy())[0])
+        np.testing.assert_array_equal(x, before)
+    staged = chain.staging[0][0]
+    np.testing.assert_array_equal(staged, unaligned)  # only the unaligned input went through the staging buffer
+
+
+class _ScriptedVm:
+    """Stands in for a Relax VM: reports the scripted calls to the instrument, then returns `result`."""
+
+    def __init__(self, script: list[tuple[str, tuple[Any, ...]]], result: Any) -> None:
+        self._script, self._result, self._watch = script, result, None
+
+    def set_instrument(self, watch: Any) -> None:
+        self._watch = watch
+
+    def __getitem__(self, name: str) -> Any:
+        def main(*_inputs: Any) -> Any:
+            for symbol, args in self._script:
+                self._watch(None, symbol, True, None, *args)
+                self._watch(None, symbol, False, None, *args)
+            return self._result
+        return main
+
+
+def _tensor(array: np.ndarray) -> Any:
+    import tvm_ffi
+
+    return tvm_ffi.from_dlpack(array)
+
+
+def test_a_data_dependent_branch_keeps_the_vm() -> None:
+    x, out = np.zeros((1, 4), np.float32), np.ones((1, 2), np.float32)
+    staging = [(x, _tensor(x))]
+    result = _tensor(out)
+    branching = _ScriptedVm([("vm.builtin.check_tensor_info", (staging[0][1],)),
+                             ("vm.builtin.read_if_cond", (staging[0][1],)), ("fused_dense", (staging[0][1], result))],
+                            result)
+    chain, results = record_chain(branching, staging, _tensor)
+    assert chain is None
+    np.testing.assert_array_equal(results[0], out)
+
+
+def test_a_view_of_an_input_is_only_ever_fed_from_the_staging_buffer() -> None:
+    x, out = np.zeros((2, 4), np.float32), np.ones((2, 2), np.float32)
+    staging = [(x, _tensor(x))]
+    view, result = _tensor(x.reshape(8)), _tensor(out)
+    viewing = _ScriptedVm([("vm.builtin.check_tensor_info", (staging[0][1],)),
+                           ("vm.builtin.reshape", (staging[0][1],)), ("fused_dense", (view, result))], result)
+    chain, _ = record_chain(viewing, staging, _tensor)
+    assert chain is not None and chain.replaceable == [False]
+    reading = _ScriptedVm([("vm.builtin.check_tensor_info", (staging[0][1],)),
+                           ("fused_dense", (staging[0][1], result))], result)
+    chain, _ = record_chain(reading, staging, _tensor)
+    assert chain is not None and chain.replaceable == [True] and chain.calls[0][2] == ((0, 0),)
+
+
+def test_an_output_that_is_the_input_is_copied_from_the_staging_buffer() -> None:
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    staging = [(x, _tensor(x))]
+    passthrough = _ScriptedVm([("vm.builtin.check_tensor_info", (staging[0][1],))], staging[0][1])
+    chain, results = record_chain(passthrough, staging, _tensor)
+    assert chain is not None and chain.replaceable == [False]
+    np.testing.assert_array_equal(chain([np.full((1, 4), 7, np.float32)])[0], np.full((1, 4), 7, np.float32))
+    np.testing.assert_array_equal(results[0], np.arange(4, dtype=np.float32).reshape(1, 4))
+
+
+def test_the_dynamic_library_is_called_through_the_vm(tiny_compiled: Path) -> None:
+    session = rlopt.load(tiny_compiled, "policy", backend="tvm")
+    runner = session._runners["tvm"]
+    x = np.random.default_rng(13).standard_normal((3, 2, 32)).astype(np.float32)  # no static build of its own
+    session.run({"input0": x})
+    runner.infer_dynamic({"input0": np.ones((2, 3, 32), np.float32)})
+    assert all(isinstance(plan, VmCall) for plan in runner._local.dynamic_plans.values())
+    assert isinstance(runner._local.plans[(((3, 2, 32), np.dtype(np.float32)),)], VmCall)
