@@ -60,7 +60,7 @@ class KernelChain:
     def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         replaced: dict[int, Any] | None = None
         for slot, array in enumerate(arrays):
-            if self.replaceable[slot] and array.nbytes > STAGE_BYTES:
+            if self.replaceable[slot] and array.nbytes > STAGE_BYTES and array.flags.c_contiguous:
                 tensor = self.from_dlpack(array, require_contiguous=True)
                 if tensor.data_ptr() % ALIGNMENT == 0:
                     replaced = replaced or {}
