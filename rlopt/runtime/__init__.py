@@ -110,18 +110,20 @@ class Session:
         if call is None:
             checked = check_feeds(feeds, self.inputs)
             arrays = [checked[name] for name in self._names]
+            key = tuple([(a.shape, a.dtype) for a in arrays])
             call = self._ordered_call(self._runners[self._routes.get(tuple(a.shape for a in arrays), self._fallback)])
             if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(self._fast) < FAST_PATH_ENTRIES:
-                self._fast[tuple([(a.shape, a.dtype) for a in arrays])] = call
-        return dict(zip(self.outputs, call(arrays)))
+                self._fast[key] = call
+        return dict(zip(self.outputs, call(arrays, key)))
 
-    def _ordered_call(self, runner: Runner) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-        """The runner's call on inputs in input order (TVM takes them so; the others take a dict)."""
+    def _ordered_call(self, runner: Runner) -> Callable[[list[np.ndarray], tuple[Any, ...]], list[np.ndarray]]:
+        """The runner's call on inputs in input order and their ((shape, dtype), ...) signature (TVM takes them
+        so; the others take a dict)."""
         ordered = getattr(runner, "infer_ordered", None)
         if ordered is not None:
             return ordered  # type: ignore[no-any-return]
         names, infer = self._names, runner.infer
-        return lambda arrays: infer(dict(zip(names, arrays)))
+        return lambda arrays, _signature: infer(dict(zip(names, arrays)))
 
     def close(self) -> None:
         for runner in self._runners.values():

@@ -57,22 +57,30 @@ class KernelChain:
     from_dlpack: Callable[..., Any] = field(repr=False)
     recorder: Any = field(repr=False)
 
+    def __post_init__(self) -> None:
+        self._buffers = [buffer for buffer, _ in self.staging]
+        self._plain = [(function, args) for function, args, _ in self.calls]
+        # which inputs may be read in place is fixed by their size: a chain is recorded for one shape
+        self._in_place = [r and buffer.nbytes > STAGE_BYTES for r, buffer in zip(self.replaceable, self._buffers)]
+        self._any_in_place = any(self._in_place)
+
     def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        replaced: dict[int, Any] | None = None
+        if not self._any_in_place:
+            for buffer, array in zip(self._buffers, arrays):
+                np.copyto(buffer, array)
+            for function, args in self._plain:
+                function(*args)
+            return [output.copy() for output in self.outputs]
+        replaced: dict[int, Any] = {}
         for slot, array in enumerate(arrays):
-            if self.replaceable[slot] and array.nbytes > STAGE_BYTES and array.flags.c_contiguous:
+            if self._in_place[slot] and array.flags.c_contiguous:
                 tensor = self.from_dlpack(array, require_contiguous=True)
                 if tensor.data_ptr() % ALIGNMENT == 0:
-                    replaced = replaced or {}
                     replaced[slot] = tensor
                     continue
-            np.copyto(self.staging[slot][0], array)
-        if replaced is None:
-            for function, args, _ in self.calls:
-                function(*args)
-        else:
-            for function, args, reads in self.calls:
-                function(*(_swap(args, reads, replaced) if reads else args))
+            np.copyto(self._buffers[slot], array)
+        for function, args, reads in self.calls:
+            function(*(_swap(args, reads, replaced) if reads and replaced else args))
         return [output.copy() for output in self.outputs]
 
 
@@ -256,11 +264,15 @@ class TvmRunner:
                                                              for a, fits in zip(arrays, small)], small, self)
         return plan(arrays)
 
-    def infer_ordered(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """`infer` with the inputs already in input order (what Session's fast path calls)."""
+    def infer_ordered(self, arrays: list[np.ndarray], signature: tuple[Any, ...] | None = None) -> list[np.ndarray]:
+        """`infer` with the inputs already in input order; `signature` is their ((shape, dtype), ...) when the
+        caller has it (Session's fast path does)."""
         plans = getattr(self._local, "plans", None)
-        plan = plans.get(tuple([(a.shape, a.dtype) for a in arrays])) if plans is not None else None
-        return plan(arrays) if plan is not None else self._first_call(arrays, dispatch=True)
+        if plans is not None:
+            plan = plans.get(signature if signature is not None else tuple([(a.shape, a.dtype) for a in arrays]))
+            if plan is not None:
+                return plan(arrays)
+        return self._first_call(arrays, dispatch=True)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.infer_ordered([feeds[name] for name in self._names])
