@@ -186,17 +186,27 @@ def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> t
             return float(quiet[point])
         return record.artifacts[name].latency_us[point].p50
 
+    points = list(dict.fromkeys(p for name in usable for p in record.artifacts[name].latency_us))
+    everywhere = [p for p in points if all(p in record.artifacts[name].latency_us for name in usable)]
+
+    def overall(name: str) -> float:
+        """Geometric mean p50 over the shapes every usable backend was timed at (scale-free across shapes)."""
+        return float(np.exp(np.mean([np.log(max(p50(name, p), 1e-9)) for p in everywhere])))
+
+    # the leader is the best backend over the whole profile: one shape's short compile-time timing (opt's, say,
+    # hit by a descheduled thread) must not hand every close shape to another backend
+    leader = min(usable, key=lambda name: (overall(name), usable.index(name))) if everywhere else usable[0]
+
     def pick(candidates: list[str], cost: Callable[[str], float]) -> str:
-        """The fastest, but the leader (usable[0], fastest at opt) keeps a shape unless another backend is clearly
-        faster: compile-time timings are short, and every extra backend in a session costs (see AutoPlan)."""
+        """The fastest, but the leader keeps a shape unless another backend is clearly faster: compile-time
+        timings are short, and every extra backend in a session costs (see AutoPlan)."""
         best = min(candidates, key=lambda name: (cost(name), usable.index(name)))
-        leader = usable[0]
         if leader in candidates and best != leader and not cost(best) < SWITCH_MARGIN * cost(leader):
             return leader
         return best
 
     routes: dict[ShapeKey, str] = {}
-    for point in dict.fromkeys(p for name in usable for p in record.artifacts[name].latency_us):
+    for point in points:
         measured = [name for name in usable if point in record.artifacts[name].latency_us]
         if measured:
             best = pick(measured, lambda name: p50(name, point))
@@ -213,7 +223,8 @@ def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> t
 
 def auto_routes(record: NetworkRecord, usable: list[str]) -> AutoPlan:
     """`auto`: per measured shape the usable backend with the lowest p50 there, for other shapes the lowest
-    `unbucketed_p50`. Only verified backends that can run here (`usable`, best first) count. When that mixes ONNX
+    `unbucketed_p50`; a backend takes a shape from the leader (lowest geometric-mean p50 over the shapes) only when
+    more than 15% faster there. Only verified backends that can run here (`usable`, best first) count. When that mixes ONNX
     Runtime with another backend, ORT runs without spinning and the routes are re-chosen with its latency so."""
     routes, fallback = _best_routes(record, usable, quiet_ort=False)
     chosen = set(routes.values()) | {fallback}
