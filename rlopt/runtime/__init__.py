@@ -224,8 +224,9 @@ def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> t
 def auto_routes(record: NetworkRecord, usable: list[str]) -> AutoPlan:
     """`auto`: per measured shape the usable backend with the lowest p50 there, for other shapes the lowest
     `unbucketed_p50`; a backend takes a shape from the leader (lowest geometric-mean p50 over the shapes) only when
-    more than 15% faster there. Only verified backends that can run here (`usable`, best first) count. When that mixes ONNX
-    Runtime with another backend, ORT runs without spinning and the routes are re-chosen with its latency so."""
+    more than 15% faster there. Only verified backends that can run here (`usable`, best first) count. When that
+    mixes ONNX Runtime with another backend, ORT runs without spinning and the routes are re-chosen with its latency
+    so."""
     routes, fallback = _best_routes(record, usable, quiet_ort=False)
     chosen = set(routes.values()) | {fallback}
     if "onnxruntime" in chosen and len(chosen) > 1:
