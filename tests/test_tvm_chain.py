@@ -128,6 +128,21 @@ def test_an_output_that_is_the_input_is_copied_from_the_staging_buffer() -> None
     np.testing.assert_array_equal(results[0], np.arange(4, dtype=np.float32).reshape(1, 4))
 
 
+def test_a_refused_chain_leaves_the_shape_to_its_vm(tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tvm_runner, "CHAIN_BUILTINS", tvm_runner.CHECK_BUILTINS)  # allocation now refuses
+    session = rlopt.load(tiny_compiled, "policy", backend="tvm")
+    rng = np.random.default_rng(14)
+    shape = (2, 3, 32)
+    kept = []
+    for _ in range(3):  # the first call (the recording) and the VM calls after it
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = session.run({"input0": x})["logits"]
+        np.testing.assert_array_equal(got, _vm_outputs(session, x)[0])
+        kept.append((got, got.copy()))
+    assert all(np.array_equal(got, copy) for got, copy in kept)
+    assert isinstance(session._runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)], VmCall)
+
+
 def test_the_dynamic_library_is_called_through_the_vm(tiny_compiled: Path) -> None:
     session = rlopt.load(tiny_compiled, "policy", backend="tvm")
     runner = session._runners["tvm"]

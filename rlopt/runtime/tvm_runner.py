@@ -250,16 +250,17 @@ class TvmRunner:
         key = tuple([(a.shape, a.dtype) for a in arrays])
         shapes = tuple(a.shape for a in arrays)
         bucket = shapes if dispatch and shapes in self._libraries else None
+        small = [self.on_cpu and a.nbytes <= STAGE_BYTES for a in arrays]
         if bucket is not None and self.on_cpu:
             staging = [self.staging(a) for a in arrays]
             for (buffer, _), array in zip(staging, arrays):
                 np.copyto(buffer, array)
             vm = self._relax.VirtualMachine(self._libraries[bucket], self.device)
             chain, results = record_chain(vm, staging, self.from_dlpack)
-            if chain is not None:
-                plans[key] = chain
-                return results
-        small = [self.on_cpu and a.nbytes <= STAGE_BYTES for a in arrays]
+            # a refused chain still computed this call's outputs; the VM serves the calls after it
+            plans[key] = chain if chain is not None else VmCall(
+                state.functions[bucket], [st if fits else None for st, fits in zip(staging, small)], small, self)
+            return results
         plan = plans[key] = VmCall(state.functions[bucket], [self.staging(a) if fits else None
                                                              for a, fits in zip(arrays, small)], small, self)
         return plan(arrays)
