@@ -170,7 +170,7 @@ def markdown(results: dict[str, Any]) -> str:
     for recipe in results["recipes"]:
         for net in recipe["networks"]:
             for shape in net["shapes"]:
-                dims = " ".join("x".join(map(str, d)) for d in shape["shape"].values())
+                dims = _dims(shape["shape"])
                 for row in shape["results"]:
                     share = row.get("fraction_of_numpy_sgemm")
                     ratio = "-" if row["ratio_to_ort_best"] is None else f"{row['ratio_to_ort_best']:.2f}"
@@ -209,7 +209,7 @@ def targets_table(results: dict[str, Any]) -> list[str]:
                 auto, best = by_name.get("rlopt auto"), by_name.get(shape.get("ort_best") or "")
                 if auto is None or best is None:
                     continue
-                dims = " ".join("x".join(map(str, d)) for d in shape["shape"].values())
+                dims = _dims(shape["shape"])
                 flops = auto.get("gflops_per_s")
                 share = f"{flops:.0f} ({flops / limits['sgemm_gflops']:.0%})" if flops else "-"
                 backend = routes.get(shape_label(shape["shape"].values())) or routes.get("other") or "-"
@@ -219,6 +219,11 @@ def targets_table(results: dict[str, Any]) -> list[str]:
                             f"{_us(auto['median_us'])} | {_us(best['median_us'])} | "
                             f"{auto['median_us'] / best['median_us']:.2f} | {share} | {backend} | {alone} |")
     return rows + [""]
+
+
+def _dims(shape: dict[str, list[int]]) -> str:
+    """`4x8x768` per input, space-separated: how the tables print a shape."""
+    return " ".join("x".join(map(str, d)) for d in shape.values())
 
 
 def _us(value: float) -> str:
