@@ -493,10 +493,19 @@ class _Network:
                 if not extra.passed:
                     base.parity = extra
                     return base, f"{self.name}/{backend} ({variant}): parity failed (max_abs {extra.max_abs:.3g})"
-                at_opt = time_points(infer, reference, [p for p in reference.points if p == "opt"], budget_s=0.05,
-                                     min_iters=5, max_iters=200, warmup=1)
-                if at_opt:
-                    base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(at_opt["opt"].p50_us, 2)}
+                _time_variant(base, variant, infer, reference)
+            # tricks (TVM's padding into a bigger build) are used only where they pass; failing one turns it off
+            for variant, infer in getattr(runner, "gated_variants", dict)().items():
+                try:
+                    extra = check_parity(infer, reference.head(VARIANT_SAMPLES), self.spec.kind,
+                                         self.spec.distribution, tol)
+                except Exception as exc:  # a trick that cannot run is a trick not used
+                    base.facts.setdefault("variant_parity", {})[variant] = {"passed": False,
+                                                                            "error": describe_exception(exc)}
+                    continue
+                base.facts.setdefault("variant_parity", {})[variant] = extra.model_dump(mode="json")
+                if extra.passed:
+                    _time_variant(base, variant, infer, reference)
             base.latency_us = {
                 point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
                                iterations=stats.iterations)
@@ -506,6 +515,15 @@ class _Network:
         finally:
             runner.close()
         return base, None
+
+
+def _time_variant(base: BackendRecord, variant: str, infer: Callable[[dict[str, np.ndarray]], object],
+                  reference: Reference) -> None:
+    """A variant's latency at opt, for `auto` to rank the path that serves shapes without their own build."""
+    at_opt = time_points(infer, reference, [p for p in reference.points if p == "opt"], budget_s=0.05,
+                         min_iters=5, max_iters=200, warmup=1)
+    if at_opt:
+        base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(at_opt["opt"].p50_us, 2)}
 
 
 def time_points(infer: Callable[[dict[str, np.ndarray]], object], reference: Reference, points: list[str],

@@ -99,7 +99,11 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
                 used = Tolerance(gate["atol"], gate["rtol"], gate["max_kl"]) if gate else tol
                 parity = check_parity(runner.infer, reference, network.kind, network.distribution, used)
                 # paths infer skips on the reference shapes (TVM's dynamic fallback) are re-checked too
-                for infer in getattr(runner, "parity_variants", dict)().values():
+                # and the tricks the manifest says passed the gate (the runtime uses those and only those)
+                passed = {name for name, gate in artifact.facts.get("variant_parity", {}).items() if gate.get("passed")}
+                gated = {name: infer for name, infer in getattr(runner, "gated_variants", dict)().items()
+                         if name in passed}
+                for infer in [*getattr(runner, "parity_variants", dict)().values(), *gated.values()]:
                     extra = check_parity(infer, reference, network.kind, network.distribution, used)
                     parity = parity if extra.passed else extra
             finally:

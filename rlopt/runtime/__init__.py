@@ -23,7 +23,7 @@ from rlopt.manifest import (
     shape_label,
 )
 from rlopt.runtime.backends import Runner, open_runner, unavailable_reason
-from rlopt.runtime.tvm_runner import bucket_files
+from rlopt.runtime.tvm_runner import bucket_files, padding_plan
 
 KNOWN_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
 NATIVE_BACKENDS: tuple[str, ...] = ("tvm", "tensorrt")
@@ -157,11 +157,15 @@ def ranked_backends(record: NetworkRecord) -> list[str]:
 def unbucketed_p50(artifact: BackendRecord) -> float:
     """Latency at the opt shape through the code path that serves shapes without their own build.
 
-    TVM serves profile shapes from tuned per-shape libraries and every other shape from its dynamic
-    library, which compile times separately (`facts.variant_latency_us.dynamic`); unmeasured = never picked.
+    TVM serves profile shapes from tuned per-shape libraries and every other shape from its dynamic library, or,
+    once the parity gate passed padding and every shape pads into some build, from a bigger build padded with
+    zeros; compile times each path separately (`facts.variant_latency_us`); unmeasured = never picked.
     """
     if artifact.facts.get("shape_builds"):
-        value = artifact.facts.get("variant_latency_us", {}).get("dynamic", {}).get("opt")
+        plan = padding_plan(artifact.facts["shape_builds"], list(artifact.facts["shape_builds"][0].get("shapes", {})))
+        padded = artifact.facts.get("variant_parity", {}).get("padded", {}).get("passed")
+        variant = "padded" if padded and plan is not None and plan.covers_range else "dynamic"
+        value = artifact.facts.get("variant_latency_us", {}).get(variant, {}).get("opt")
         return float(value) if value else float("inf")
     latency = artifact.latency_us.get("opt")
     return latency.p50 if latency else float("inf")

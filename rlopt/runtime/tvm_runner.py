@@ -64,6 +64,17 @@ class KernelChain:
         self._in_place = [r and buffer.nbytes > STAGE_BYTES for r, buffer in zip(self.replaceable, self._buffers)]
         self._any_in_place = any(self._in_place)
 
+    @property
+    def buffers(self) -> list[np.ndarray]:
+        """The staging buffers the kernels read the inputs from."""
+        return self._buffers
+
+    def run_staged(self) -> list[np.ndarray]:
+        """Run the kernels on what the staging buffers hold now; the results are the chain's own buffers."""
+        for function, args in self._plain:
+            function(*args)
+        return self.outputs
+
     def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         if not self._any_in_place:
             for buffer, array in zip(self._buffers, arrays):
@@ -164,6 +175,103 @@ class VmCall:
         return [np.from_dlpack(t).copy() if copy else np.from_dlpack(t) for t, copy in zip(results, self.passthrough)]
 
 
+Follow = tuple[int, int]  # (input slot, dim)
+
+
+@dataclass(frozen=True)
+class PaddingPlan:
+    """Along which input dims a shape may be zero-padded up to a bigger static build, and how to cut the outputs.
+
+    Read off the static builds: an output dim follows an input dim when it equals it in every build and that input
+    dim varies across builds (a batch or sequence dim); a varying input dim no output follows (one reduced away)
+    is never padded. Rows padded with zeros leave the real rows unchanged only if the network treats rows
+    independently, which this plan cannot know: the runtime pads only after the parity gate passed the `padded`
+    variant (facts.variant_parity.padded), which pads each reference shape into a bigger build.
+    """
+
+    paddable: frozenset[Follow]
+    follows: tuple[tuple[Follow | None, ...], ...]
+    varying: frozenset[Follow]
+
+    @property
+    def covers_range(self) -> bool:
+        """Every varying dim can be padded, so the largest build serves every shape up to it."""
+        return self.varying <= self.paddable
+
+    def bucket_for(self, shapes: ShapeKey, buckets: list[ShapeKey], *, strict: bool = False) -> ShapeKey | None:
+        """The smallest build `shapes` pads into (equal on the other dims); with `strict`, never `shapes` itself."""
+        def fits(bucket: ShapeKey) -> bool:
+            return all(len(b) == len(s) and all(bd == sd or ((slot, d) in self.paddable and bd > sd)
+                                                for d, (bd, sd) in enumerate(zip(b, s)))
+                       for slot, (b, s) in enumerate(zip(bucket, shapes)))
+
+        fitting = [b for b in buckets if len(b) == len(shapes) and fits(b) and not (strict and b == shapes)]
+        return min(fitting, key=lambda b: sum(int(np.prod(dims)) for dims in b)) if fitting else None
+
+    def cuts(self, shapes: ShapeKey) -> list[tuple[slice, ...]]:
+        """Per output, the slice that holds the rows of an input of `shapes`."""
+        return [tuple(slice(None) if f is None else slice(0, shapes[f[0]][f[1]]) for f in dims)
+                for dims in self.follows]
+
+
+def padding_plan(builds: list[dict[str, Any]], names: list[str]) -> PaddingPlan | None:
+    """The PaddingPlan the static builds allow (each lists its `shapes` and `output_shapes`), or None."""
+    if len(builds) < 2 or any(not b.get("output_shapes") for b in builds):
+        return None
+    ins = [[list(b["shapes"][n]) for n in names] for b in builds]
+    outs = [b["output_shapes"] for b in builds]
+    if len({len(o) for o in outs}) != 1:
+        return None
+    varying = {(slot, d) for slot in range(len(names)) for d in range(len(ins[0][slot]))
+               if len({len(shape[slot]) for shape in ins}) == 1 and len({shape[slot][d] for shape in ins}) > 1}
+    follows: list[tuple[Follow | None, ...]] = []
+    for k, first in enumerate(outs[0]):
+        if len({len(o[k]) for o in outs}) != 1:
+            return None
+        dims: list[Follow | None] = []
+        for d in range(len(first)):
+            values = [o[k][d] for o in outs]
+            if len(set(values)) == 1:
+                dims.append(None)
+                continue
+            matches = [f for f in sorted(varying) if [shape[f[0]][f[1]] for shape in ins] == values]
+            if len(matches) != 1:  # an output dim no input dim explains, or two that do: cannot cut it back
+                return None
+            dims.append(matches[0])
+        follows.append(tuple(dims))
+    paddable = frozenset(f for dims in follows for f in dims if f is not None)
+    return PaddingPlan(paddable, tuple(follows), frozenset(varying)) if paddable else None
+
+
+@dataclass
+class PaddedBucket:
+    """A static build's chain used for smaller shapes; `corner` = whose data its zeroed buffers now hold."""
+
+    chain: KernelChain
+    corner: ShapeKey | None = None
+
+
+class PaddedCall:
+    """A shape without its own build, run in a bigger build: written into the leading corner of its zeroed input
+    buffers, outputs cut back to the real rows."""
+
+    def __init__(self, bucket: PaddedBucket, shapes: ShapeKey, cuts: list[tuple[slice, ...]]) -> None:
+        self.bucket, self.shapes = bucket, shapes
+        self.views = [buffer[tuple(slice(0, n) for n in shape)] for buffer, shape in zip(bucket.chain.buffers, shapes)]
+        self.results = [output[cut] for output, cut in zip(bucket.chain.outputs, cuts)]
+
+    def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        bucket = self.bucket
+        if bucket.corner != self.shapes:  # another shape used this build last: its rows must not stay
+            for buffer in bucket.chain.buffers:
+                buffer.fill(0)
+            bucket.corner = self.shapes
+        for view, array in zip(self.views, arrays):
+            np.copyto(view, array)
+        bucket.chain.run_staged()
+        return [result.copy() for result in self.results]
+
+
 def bucket_files(facts: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-shape libraries a TVM artifact lists in its facts (each with path, sha256, bytes)."""
     return [build["file"] for build in facts.get("shape_builds", []) if isinstance(build, dict) and "file" in build]
@@ -213,6 +321,8 @@ class TvmRunner:
                 shapes = build.get("shapes", {})
                 key = tuple(tuple(int(d) for d in shapes[name]) for name in input_names)
                 self._libraries[key] = self._load(checked_sibling(path, build["file"]))
+        self.padding = padding_plan(facts.get("shape_builds", []), input_names) if self.on_cpu and dispatch else None
+        self.pads = bool(self.padding and facts.get("variant_parity", {}).get("padded", {}).get("passed"))
         self._local = threading.local()
 
     def _load(self, path: Path) -> Any:
@@ -233,6 +343,8 @@ class TvmRunner:
             state.functions = {key: vm["main"] for key, vm in state.vms.items()}
             state.plans = {}
             state.dynamic_plans = {}
+            state.padded_plans = {}
+            state.padded_buckets = {}
         return state
 
     def staging(self, array: np.ndarray) -> tuple[np.ndarray, Any]:
@@ -261,9 +373,32 @@ class TvmRunner:
             plans[key] = chain if chain is not None else VmCall(
                 state.functions[bucket], [st if fits else None for st, fits in zip(staging, small)], small, self)
             return results
+        if bucket is None and dispatch and self.pads:
+            padded = self._padded_call(shapes, [a.dtype for a in arrays], strict=False)
+            if padded is not None:
+                plans[key] = padded
+                return padded(arrays)
         plan = plans[key] = VmCall(state.functions[bucket], [self.staging(a) if fits else None
                                                              for a, fits in zip(arrays, small)], small, self)
         return plan(arrays)
+
+    def _padded_call(self, shapes: ShapeKey, dtypes: list[Any], *, strict: bool) -> PaddedCall | None:
+        """A call that pads `shapes` into the smallest bigger build, or None (no such build, or its VM cannot be
+        replayed as a chain)."""
+        assert self.padding is not None
+        target = self.padding.bucket_for(shapes, self.shape_buckets, strict=strict)
+        if target is None:
+            return None
+        state = self._thread_state()
+        if target not in state.padded_buckets:
+            staging = [self.staging(np.zeros(dims, dtype=dtype)) for dims, dtype in zip(target, dtypes)]
+            for buffer, _ in staging:
+                buffer.fill(0)
+            chain, _ = record_chain(self._relax.VirtualMachine(self._libraries[target], self.device), staging,
+                                    self.from_dlpack)
+            state.padded_buckets[target] = None if chain is None else PaddedBucket(chain)
+        bucket = state.padded_buckets[target]
+        return None if bucket is None else PaddedCall(bucket, shapes, self.padding.cuts(shapes))
 
     def infer_ordered(self, arrays: list[np.ndarray], signature: tuple[Any, ...] | None = None) -> list[np.ndarray]:
         """`infer` with the inputs already in input order; `signature` is their ((shape, dtype), ...) when the
@@ -285,9 +420,25 @@ class TvmRunner:
         plan = plans.get(tuple([(a.shape, a.dtype) for a in arrays])) if plans is not None else None
         return plan(arrays) if plan is not None else self._first_call(arrays, dispatch=False)
 
+    def infer_padded(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Padded into the smallest strictly bigger build (the largest shape runs its own build): the path shapes
+        without their own build take once the parity gate has passed it."""
+        arrays = [feeds[name] for name in self._names]
+        key = tuple([(a.shape, a.dtype) for a in arrays])
+        plans = self._thread_state().padded_plans
+        if key not in plans:
+            padded = self._padded_call(tuple(a.shape for a in arrays), [a.dtype for a in arrays], strict=True)
+            plans[key] = padded if padded is not None else (lambda ordered: self.infer_ordered(ordered))
+        return plans[key](arrays)  # type: ignore[no-any-return]
+
     def parity_variants(self) -> dict[str, Callable[[dict[str, np.ndarray]], list[np.ndarray]]]:
         """Code paths `infer` may not exercise on the reference shapes, for the parity gate to check too."""
         return {"dynamic": self.infer_dynamic} if self.shape_buckets else {}
+
+    def gated_variants(self) -> dict[str, Callable[[dict[str, np.ndarray]], list[np.ndarray]]]:
+        """Tricks the runtime uses only once the parity gate has passed them (facts.variant_parity.<name>): a
+        failure turns the trick off, not the artifact."""
+        return {"padded": self.infer_padded} if self.padding is not None else {}
 
     def close(self) -> None:
         self._libraries = {}

@@ -82,6 +82,23 @@ def kernel_split(mod: Any) -> tuple[list[str], list[str]]:
     return scheduled, untuned
 
 
+def output_shapes(mod: Any) -> list[list[int]] | None:
+    """The static output shapes of `mod`'s main, flattened in the order the runner returns them; None when any is
+    not static (a runner cannot then slice a padded bucket's outputs)."""
+    found: list[list[int]] = []
+
+    def walk(kind: Any) -> bool:
+        if hasattr(kind, "fields"):
+            return all(walk(field) for field in kind.fields)
+        values = getattr(getattr(kind, "shape", None), "values", None)
+        if values is None or not all(hasattr(d, "value") for d in values):
+            return False
+        found.append([int(d.value) for d in values])
+        return True
+
+    return found if walk(mod["main"].ret_ty) else None
+
+
 def required_cpu_features(target_dict: dict[str, Any]) -> list[str]:
     """ISA features (LLVM names) the target's mcpu lets the code use."""
     from rlopt.runtime.cpu_features import isa_features
@@ -229,8 +246,9 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
         pending.append(pool.submit(_compile, static, target, path, recipe_path, network))
         libraries.append((workload.shapes, path))
-        builds.append({"points": workload.points, "shapes": workload.shapes, "tuned_kernels": tuned,
-                       "untuned_kernels": untuned, "ifs_folded": static_facts.get("ifs_folded", 0)})
+        builds.append({"points": workload.points, "shapes": workload.shapes, "output_shapes": output_shapes(static),
+                       "tuned_kernels": tuned, "untuned_kernels": untuned,
+                       "ifs_folded": static_facts.get("ifs_folded", 0)})
     for future in pending:
         future.result()
     for build, (_, path) in zip(builds, libraries):
