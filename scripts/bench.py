@@ -8,7 +8,13 @@ a fraction of the hardware:
   OpenBLAS; ONNX Runtime's MLAS can beat it on cache-resident weights, so a fraction can exceed 100%);
 - read bandwidth (numpy sum over a 256 MiB array, best of 5) and, per network, the batch-1
   bandwidth bound = weight bytes / read bandwidth: the time to stream the weights once from DRAM.
-  Small weights sit in cache, so a result can beat this bound; it is a DRAM floor, not a cache one.
+  Small weights sit in cache, so a result can beat this bound; it is a DRAM floor, not a cache one;
+- the roofs no fp32 code can pass, from scripts/roofline.c (built here with the system C compiler; absent,
+  with the reason, where there is none): the FMA peak on 1 and on all cores, and per network the time to
+  read its weights once from where repeated calls leave them (the cache, when they fit), on one core or
+  all, whichever is faster.
+  The targets table says what each of issue 5's ratio targets would need of those roofs, so a target
+  that asks for more than 100% of one is out of reach on this machine for any fp32 implementation.
 Each compile and each bench runs in its own fresh process (`rlopt compile`, `rlopt bench --json`), as a
 user would run them: benched in the process that had just compiled, every PyTorch candidate showed
 4 ms-quantized stalls (32-40 ms medians for 0.1-0.3 ms calls), which a fresh process does not.
@@ -56,19 +62,56 @@ def read_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
     return data.nbytes / best / 1e9
 
 
+class Roofline:
+    """scripts/roofline.c, compiled for this CPU: FMA peak and cache-resident read time (see its header)."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.binary: Path | None = None
+        self.reason = ""
+        name = os.environ.get("CC", "cc")
+        compiler = shutil.which(name)
+        if compiler is None:
+            self.reason = f"no C compiler ({name}) on this machine"
+            return
+        binary = work_dir / "roofline"
+        built = subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", str(ROOT / "scripts" / "roofline.c"),
+                                "-o", str(binary)], capture_output=True, text=True)
+        if built.returncode != 0:
+            self.reason = f"cc could not build scripts/roofline.c: {(built.stderr.strip().splitlines() or ['?'])[-1]}"
+            return
+        self.binary = binary
+
+    def _ask(self, *args: int | str) -> list[float]:
+        assert self.binary is not None
+        done = subprocess.run([str(self.binary), *map(str, args)], capture_output=True, text=True, check=True)
+        return [float(v) for v in done.stdout.split()]
+
+    def peak_gflops(self, threads: int) -> float | None:
+        return self._ask("peak", threads)[0] if self.binary else None
+
+    def read_us(self, nbytes: int) -> float | None:
+        """The faster of one core and all cores: small weights do not pay for waking a second thread."""
+        if self.binary is None:
+            return None
+        from rlopt.bench import usable_cores
+
+        return min(self._ask("read", nbytes, threads)[1] for threads in {1, usable_cores()})
+
+
 def _timed(call: Any) -> float:
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
 
 
-def weight_bytes(onnx_path: Path) -> int:
-    """Bytes of every initializer (weights and biases) of the exported ONNX model."""
-    import onnx
-    from onnx import numpy_helper
+def weight_bytes(torchscript_path: Path) -> int:
+    """Bytes of the network's parameters and buffers: what one call reads. (Not the ONNX initializers: an
+    exported `If` carries a copy of the weights per branch, which doubled the default policy's count.)"""
+    import torch
 
-    model = onnx.load(str(onnx_path))
-    return int(sum(numpy_helper.to_array(init).nbytes for init in model.graph.initializer))
+    module = torch.jit.load(str(torchscript_path), map_location="cpu")
+    tensors = {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}
+    return int(sum(t.numel() * t.element_size() for t in tensors.values()))
 
 
 def openblas_core() -> str | None:
@@ -107,7 +150,8 @@ def _rlopt(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", "rlopt", *args], capture_output=True, text=True, cwd=ROOT, env=env)
 
 
-def bench_recipe(recipe: Path, work_dir: Path, budget_s: float, limits: dict[str, float]) -> dict[str, Any]:
+def bench_recipe(recipe: Path, work_dir: Path, budget_s: float, limits: dict[str, Any],
+                 roofline: Roofline) -> dict[str, Any]:
     from rlopt.manifest import read_manifest
 
     started = time.perf_counter()
@@ -139,8 +183,9 @@ def bench_recipe(recipe: Path, work_dir: Path, budget_s: float, limits: dict[str
     networks = []
     for net in report["networks"]:
         record = manifest.networks[net["network"]]
-        weights = weight_bytes(out / record.files["model.onnx"].path)
+        weights = weight_bytes(out / record.files["model.ts"].path)
         bound_us = weights / (limits["read_bandwidth_gbs"] * 1e9) * 1e6
+        cache_us = roofline.read_us(weights)
         for shape in net["shapes"]:
             for row in shape["results"]:
                 flops = row["gflops_per_s"]
@@ -148,6 +193,7 @@ def bench_recipe(recipe: Path, work_dir: Path, budget_s: float, limits: dict[str
                 if shape["point"] == "min":
                     row["bandwidth_bound_over_median"] = round(bound_us / row["median_us"], 3)
         networks.append({"weight_bytes": weights, "batch1_bandwidth_bound_us": round(bound_us, 3),
+                         "weights_cache_read_us": cache_us,
                          "auto_routes": record.facts.get("auto_routes", {}), **net})
     return {"recipe": str(recipe.relative_to(ROOT) if recipe.is_relative_to(ROOT) else recipe),
             "name": manifest.name, "compile_s": round(compile_s, 2), "bench_s": round(bench_s, 2),
@@ -161,12 +207,15 @@ def bench_recipe(recipe: Path, work_dir: Path, budget_s: float, limits: dict[str
 def markdown(results: dict[str, Any]) -> str:
     """The tables the README shows: every candidate per shape, then the batch-1 bound per network."""
     limits = results["limits"]
+    peak = limits.get("fma_peak_gflops")
     lines = [f"numpy sgemm {limits['sgemm_gflops']:.0f} GFLOP/s, "
-             f"read bandwidth {limits['read_bandwidth_gbs']:.1f} GB/s",
+             f"read bandwidth {limits['read_bandwidth_gbs']:.1f} GB/s, "
+             + (f"FMA peak {limits['fma_peak_gflops_1_core']:.0f} GFLOP/s on 1 core, {peak:.0f} on "
+                f"{limits['cores']}" if peak else f"FMA peak not measured: {limits.get('roofline_unavailable')}"),
              "", "| recipe / network | shape | candidate | median | p99 | x ORT best | % of numpy sgemm |",
              "|---|---|---|---|---|---|---|"]
-    bounds = ["", "| recipe / network | weights | batch-1 DRAM bound | fastest at min | its median | bound / median |",
-              "|---|---|---|---|---|---|"]
+    bounds = ["", "| recipe / network | weights | batch-1 DRAM bound | one read of the weights from cache | "
+              "fastest at min | its median | DRAM bound / median | median / cache read |", "|---|---|---|---|---|---|---|---|"]
     for recipe in results["recipes"]:
         for net in recipe["networks"]:
             for shape in net["shapes"]:
@@ -179,9 +228,13 @@ def markdown(results: dict[str, Any]) -> str:
                                  f"{'-' if share is None else f'{share:.1%}'} |")
             fastest = net["shapes"][0]["results"][0] if net["shapes"] and net["shapes"][0]["results"] else None
             if fastest is not None:
+                cache_us = net.get("weights_cache_read_us")
+                over_cache = f"{fastest['median_us'] / cache_us:.1f}" if cache_us else "-"
                 bounds.append(f"| {recipe['name']} / {net['network']} | {net['weight_bytes'] / 1e6:.2f} MB | "
-                              f"{_us(net['batch1_bandwidth_bound_us'])} | {fastest['candidate']} | "
-                              f"{_us(fastest['median_us'])} | {fastest['bandwidth_bound_over_median']:.2f} |")
+                              f"{_us(net['batch1_bandwidth_bound_us'])} | {_us(cache_us) if cache_us else '-'} | "
+                              f"{fastest['candidate']} | {_us(fastest['median_us'])} | "
+                              f"{fastest['bandwidth_bound_over_median']:.2f} | "
+                              f"{over_cache} |")
     compiles = ["", "| recipe | compile, shipped database, empty cache | warm cache | warm / cold | cached stages hit "
                 "| untuned (no database), empty cache |", "|---|---|---|---|---|---|"]
     for recipe in results["recipes"]:
@@ -191,16 +244,36 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(targets_table(results) + lines + bounds + compiles)
 
 
+TARGET_RATIOS = {"min": 0.35, "opt": 0.6, "max": 0.6}  # issue 5: auto / ONNX Runtime's best, per profile point
+
+
+def target_needs(point: str, ort_best_us: float, gflop: float | None, peak_gflops: float | None,
+                 weights_read_us: float | None) -> str:
+    """Issue 5's target latency at `point` and what it asks of the machine: its FLOPs as a share of the FMA peak,
+    and the one read of the weights it must contain as a share of its time. Over 100% means no fp32 code can."""
+    ratio = TARGET_RATIOS.get(point)
+    if ratio is None:
+        return "-"
+    target_us = ratio * ort_best_us
+    needs = []
+    if gflop and peak_gflops:
+        needs.append(f"{gflop * 1e6 / target_us / peak_gflops:.0%} of FMA peak")
+    if weights_read_us:
+        needs.append(f"{weights_read_us / target_us:.0%} on reading the weights")
+    return f"{_us(target_us)}" + (f" ({', '.join(needs)})" if needs else "")
+
+
 def targets_table(results: dict[str, Any]) -> list[str]:
     """What `auto` gives per shape, as a ratio to ONNX Runtime's best and a share of numpy's sgemm; next to it the
     same backend's own candidate (`rlopt <backend>`, another worker process running the same code there), since
-    on a noisy 2-core VM one process can run a whole shape slower than its twin."""
+    on a noisy 2-core VM one process can run a whole shape slower than its twin; last, the target and what it
+    would need of this machine's roofs."""
     from rlopt.manifest import shape_label
 
     limits = results["limits"]
     rows = ["| recipe / network | shape | rlopt auto | ONNX Runtime best | auto / ORT best | auto GFLOP/s "
-            "(% of numpy sgemm) | auto's backend | that backend's own session (/ ORT best) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "(% of numpy sgemm) | auto's backend | that backend's own session (/ ORT best) | target, and what it "
+            "needs |", "|---|---|---|---|---|---|---|---|---|"]
     for recipe in results["recipes"]:
         for net in recipe["networks"]:
             routes = net.get("auto_routes", {})
@@ -215,9 +288,12 @@ def targets_table(results: dict[str, Any]) -> list[str]:
                 backend = routes.get(shape_label(shape["shape"].values())) or routes.get("other") or "-"
                 twin = by_name.get(f"rlopt {backend}")
                 alone = f"{_us(twin['median_us'])} ({twin['median_us'] / best['median_us']:.2f})" if twin else "-"
+                needs = target_needs(shape["point"], best["median_us"], shape.get("gflop"),
+                                     limits.get("fma_peak_gflops"), net.get("weights_cache_read_us"))
                 rows.append(f"| {recipe['name']} / {net['network']} | {shape['point']} {dims} | "
                             f"{_us(auto['median_us'])} | {_us(best['median_us'])} | "
-                            f"{auto['median_us'] / best['median_us']:.2f} | {share} | {backend} | {alone} |")
+                            f"{auto['median_us'] / best['median_us']:.2f} | {share} | {backend} | {alone} | "
+                            f"{needs} |")
     return rows + [""]
 
 
@@ -240,16 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     recipes = [r.resolve() for r in args.recipes] or BUNDLED
     started = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
+    from rlopt.bench import usable_cores
     from rlopt.machine import machine_facts
     from rlopt.pipeline import tool_versions
 
-    limits = {"sgemm_gflops": round(sgemm_gflops(), 2), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 2),
-              "sgemm_openblas_core": openblas_core()}
-    print(f"[bench] machine limits: {limits}", file=sys.stderr)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlopt-bench-"))
     try:
         work_dir.mkdir(parents=True, exist_ok=True)
-        runs = [bench_recipe(recipe, work_dir, args.budget, limits) for recipe in recipes]
+        roofline = Roofline(work_dir)
+        cores = usable_cores()
+        limits = {"sgemm_gflops": round(sgemm_gflops(), 2), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 2),
+                  "sgemm_openblas_core": openblas_core(), "cores": cores,
+                  "fma_peak_gflops_1_core": roofline.peak_gflops(1), "fma_peak_gflops": roofline.peak_gflops(cores),
+                  "roofline_unavailable": roofline.reason or None}
+        print(f"[bench] machine limits: {limits}", file=sys.stderr)
+        runs = [bench_recipe(recipe, work_dir, args.budget, limits, roofline) for recipe in recipes]
     finally:
         if args.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -261,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         "limits": limits | {"sgemm": "numpy float32 4096x4096 matmul, best of 3",
                             "read_bandwidth": "numpy float32 sum over 256 MiB, best of 5",
                             "batch1_bandwidth_bound": "weight bytes / read bandwidth (a DRAM floor; cached "
-                                                      "weights can beat it)"},
+                                                      "weights can beat it)",
+                            "fma_peak": "scripts/roofline.c: fp32 FMAs in registers, best of 5",
+                            "weights_cache_read": "scripts/roofline.c: read the weights once, where repeated reads "
+                                                  "leave them, on 1 core or all (the faster), best of 2000"},
         "budget_s_per_shape": args.budget, "recipes": runs, "seconds": round(time.perf_counter() - started, 1),
     }
     tmp = args.out.with_name(f".{args.out.name}.tmp")
