@@ -41,7 +41,7 @@ from rlopt.manifest import (
 from rlopt.parity import Tolerance
 from rlopt.recipe import BACKENDS, NetworkSpec, Recipe, load_recipe
 from rlopt.reference import Reference, record_reference
-from rlopt.runtime import auto_routes, ranked_backends
+from rlopt.runtime import auto_routes, ranked_backends, unbucketed_variant
 from rlopt.runtime.backends import open_runner
 from rlopt.runtime.tvm_runner import bucket_files
 from rlopt.stages.base import StageOutput
@@ -483,19 +483,9 @@ class _Network:
             base.parity = parity
             if not parity.passed:
                 return base, f"{self.name}/{backend}: parity failed (max_abs {parity.max_abs:.3g})"
-            # code paths `infer` may skip on the reference shapes (TVM's dynamic fallback) pass the same gate,
-            # on the first VARIANT_SAMPLES samples per shape (same code at every shape; `rlopt verify` runs all),
-            # and are timed at opt so that `auto` can rank them for shapes without their own build
-            for variant, infer in getattr(runner, "parity_variants", dict)().items():
-                extra = check_parity(infer, reference.head(VARIANT_SAMPLES), self.spec.kind,
-                                     self.spec.distribution, tol)
-                base.facts.setdefault("variant_parity", {})[variant] = extra.model_dump(mode="json")
-                if not extra.passed:
-                    base.parity = extra
-                    return base, f"{self.name}/{backend} ({variant}): parity failed (max_abs {extra.max_abs:.3g})"
-                _time_variant(base, variant, infer, reference)
             # tricks (TVM's padding into a bigger build) are used only where they pass; failing one turns it off
-            for variant, infer in getattr(runner, "gated_variants", dict)().items():
+            gated = getattr(runner, "gated_variants", dict)()
+            for variant, infer in gated.items():
                 try:
                     extra = check_parity(infer, reference.head(VARIANT_SAMPLES), self.spec.kind,
                                          self.spec.distribution, tol)
@@ -504,8 +494,22 @@ class _Network:
                                                                             "error": describe_exception(exc)}
                     continue
                 base.facts.setdefault("variant_parity", {})[variant] = extra.model_dump(mode="json")
-                if extra.passed:
-                    _time_variant(base, variant, infer, reference)
+            serving = unbucketed_variant(base.facts)
+            # code paths `infer` may skip on the reference shapes (TVM's dynamic library) pass the same gate, on the
+            # first VARIANT_SAMPLES samples per shape (same code at every shape; `rlopt verify` runs all); on one
+            # sample per shape when padding serves every shape instead (the untuned dynamic library takes ~100 ms
+            # a call at atari's opt: 1.2 s of compile for a fallback that serves nothing then)
+            variants = getattr(runner, "parity_variants", dict)()
+            for variant, infer in variants.items():
+                samples = VARIANT_SAMPLES if serving in (None, variant) else 1
+                extra = check_parity(infer, reference.head(samples), self.spec.kind, self.spec.distribution, tol)
+                base.facts.setdefault("variant_parity", {})[variant] = extra.model_dump(mode="json")
+                if not extra.passed:
+                    base.parity = extra
+                    return base, f"{self.name}/{backend} ({variant}): parity failed (max_abs {extra.max_abs:.3g})"
+            # the path that serves shapes without their own build is timed at opt, for `auto` to rank it
+            if serving is not None and serving in {**variants, **gated}:
+                _time_variant(base, serving, {**variants, **gated}[serving], reference)
             base.latency_us = {
                 point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
                                iterations=stats.iterations)

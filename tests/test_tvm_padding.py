@@ -10,7 +10,7 @@ import pytest
 
 import rlopt
 from rlopt.manifest import read_manifest
-from rlopt.runtime import open_artifact, unbucketed_p50
+from rlopt.runtime import open_artifact, unbucketed_p50, unbucketed_variant
 from rlopt.runtime.tvm_runner import PaddedCall, VmCall, padding_plan
 
 HEADS = [{"shapes": {"x": [1, 1, 32]}, "output_shapes": [[1, 1, 5]]},
@@ -87,8 +87,11 @@ def test_without_the_gates_pass_other_shapes_take_the_dynamic_library(tiny_compi
     assert runner.padding is not None and not runner.pads  # type: ignore[attr-defined]
     runner.infer({"input0": np.ones((3, 2, 32), np.float32)})
     assert isinstance(runner._local.plans[(((3, 2, 32), np.dtype(np.float32)),)], VmCall)  # type: ignore[attr-defined]
-    assert unbucketed_p50(artifact) == artifact.facts["variant_latency_us"]["dynamic"]["opt"]
+    # compile timed only the path that serves other shapes (padded); the dynamic one, unmeasured, is never picked
+    assert unbucketed_variant(artifact.facts) == "dynamic" and unbucketed_p50(artifact) == float("inf")
+    assert unbucketed_variant(record.artifacts["tvm"].facts) == "padded"
     assert unbucketed_p50(record.artifacts["tvm"]) == record.artifacts["tvm"].facts["variant_latency_us"]["padded"]["opt"]
+    assert set(record.artifacts["tvm"].facts["variant_latency_us"]) == {"padded"}
 
 
 COUPLED_MODEL = '''

@@ -154,6 +154,17 @@ def ranked_backends(record: NetworkRecord) -> list[str]:
     return verified
 
 
+def unbucketed_variant(facts: dict[str, Any]) -> str | None:
+    """The path of an artifact with per-shape builds (TVM) that serves every other shape: 'padded' once the parity
+    gate passed it and every shape in [min, max] pads into some build, else 'dynamic'; None without such builds."""
+    builds = facts.get("shape_builds")
+    if not builds:
+        return None
+    plan = padding_plan(builds, list(builds[0].get("shapes", {})))
+    padded = facts.get("variant_parity", {}).get("padded", {}).get("passed")
+    return "padded" if padded and plan is not None and plan.covers_range else "dynamic"
+
+
 def unbucketed_p50(artifact: BackendRecord) -> float:
     """Latency at the opt shape through the code path that serves shapes without their own build.
 
@@ -161,10 +172,8 @@ def unbucketed_p50(artifact: BackendRecord) -> float:
     once the parity gate passed padding and every shape pads into some build, from a bigger build padded with
     zeros; compile times each path separately (`facts.variant_latency_us`); unmeasured = never picked.
     """
-    if artifact.facts.get("shape_builds"):
-        plan = padding_plan(artifact.facts["shape_builds"], list(artifact.facts["shape_builds"][0].get("shapes", {})))
-        padded = artifact.facts.get("variant_parity", {}).get("padded", {}).get("passed")
-        variant = "padded" if padded and plan is not None and plan.covers_range else "dynamic"
+    variant = unbucketed_variant(artifact.facts)
+    if variant is not None:
         value = artifact.facts.get("variant_latency_us", {}).get(variant, {}).get("opt")
         return float(value) if value else float("inf")
     latency = artifact.latency_us.get("opt")
