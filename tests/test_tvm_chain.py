@@ -151,3 +151,38 @@ def test_the_dynamic_library_is_called_through_the_vm(tiny_compiled: Path) -> No
     runner.infer_dynamic({"input0": np.ones((2, 3, 32), np.float32)})
     assert len(runner._local.dynamic_plans) == 2
     assert all(isinstance(plan, VmCall) for plan in runner._local.dynamic_plans.values())
+
+
+def test_after_its_first_call_a_signature_runs_as_one_bound_function_per_thread(tiny_compiled: Path) -> None:
+    session = rlopt.load(tiny_compiled, "value", backend="tvm")
+    key = (((2, 3, 32), np.dtype(np.float32)),)
+    x = np.random.default_rng(15).standard_normal((2, 3, 32)).astype(np.float32)
+    first = session.run({"input0": x})["value"]
+    bound = session._local.bound[key]
+    assert bound is not None and bound.__name__ == "call"
+    np.testing.assert_array_equal(session.run({"input0": x})["value"], first)
+    np.testing.assert_array_equal(first, _vm_outputs(session, x)[0])
+
+
+def test_threads_sharing_a_session_never_see_each_others_results(tiny_compiled: Path) -> None:
+    import threading
+
+    session = rlopt.load(tiny_compiled, "policy", backend="tvm")
+    rng = np.random.default_rng(16)
+    inputs = [rng.standard_normal((4, 6, 32)).astype(np.float32) for _ in range(4)]
+    expected = [_vm_outputs(session, x)[0] for x in inputs]
+    failures: list[str] = []
+
+    def work(slot: int) -> None:
+        for _ in range(300):
+            got = session.run({"input0": inputs[slot]})["logits"]
+            if not np.array_equal(got, expected[slot]):
+                failures.append(f"thread {slot}")
+                return
+
+    threads = [threading.Thread(target=work, args=(slot,)) for slot in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []

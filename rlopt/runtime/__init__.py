@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -93,6 +94,8 @@ class Session:
         opt = tuple(tuple(p.opt) for p in self.inputs.values())
         self.backend = routes.get(opt, fallback)
         self._fast: dict[tuple[Any, ...], Any] = {}
+        self._fast_runner: dict[tuple[Any, ...], Runner] = {}
+        self._local = threading.local()  # per thread: signature -> the runner's bound call (or None)
 
     @property
     def routes(self) -> dict[str, str]:
@@ -101,20 +104,39 @@ class Session:
         return table | {"other": self._fallback}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        bound = getattr(self._local, "bound", None)
         try:
             arrays = [feeds[name] for name in self._names]
             key = tuple([(a.shape, a.dtype) for a in arrays if type(a) is np.ndarray and a.flags.c_contiguous])
-            call = self._fast.get(key) if len(feeds) == len(arrays) else None
+            if len(feeds) == len(arrays):
+                direct = bound.get(key) if bound is not None else None
+                if direct is not None:
+                    return direct(arrays)  # type: ignore[no-any-return]
+                call = self._fast.get(key)
+            else:
+                call = None
         except (KeyError, TypeError):
             call = None
         if call is None:
             checked = check_feeds(feeds, self.inputs)
             arrays = [checked[name] for name in self._names]
             key = tuple([(a.shape, a.dtype) for a in arrays])
-            call = self._ordered_call(self._runners[self._routes.get(tuple(a.shape for a in arrays), self._fallback)])
+            runner = self._runners[self._routes.get(tuple(a.shape for a in arrays), self._fallback)]
+            call = self._ordered_call(runner)
             if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(self._fast) < FAST_PATH_ENTRIES:
-                self._fast[key] = call
-        return dict(zip(self.outputs, call(arrays, key)))
+                self._fast[key], self._fast_runner[key] = call, runner
+        outputs = dict(zip(self.outputs, call(arrays, key)))
+        if key in self._fast and (bound is None or key not in bound):
+            self._bind(key)
+        return outputs
+
+    def _bind(self, key: tuple[Any, ...]) -> None:
+        """Once per thread and signature, after its first call: the runner's call for it as one function to the
+        named outputs, when the runner has one (TVM's KernelChain)."""
+        bind = getattr(self._fast_runner[key], "bound_call", None)
+        if not hasattr(self._local, "bound"):
+            self._local.bound = {}
+        self._local.bound[key] = bind(key, self.outputs) if bind is not None else None
 
     def _ordered_call(self, runner: Runner) -> Callable[[list[np.ndarray], tuple[Any, ...]], list[np.ndarray]]:
         """The runner's call on inputs in input order and their ((shape, dtype), ...) signature (TVM takes them
@@ -128,7 +150,7 @@ class Session:
     def close(self) -> None:
         for runner in self._runners.values():
             runner.close()
-        self._fast = {}
+        self._fast, self._fast_runner, self._local = {}, {}, threading.local()
 
     def __enter__(self) -> Session:
         return self

@@ -75,6 +75,27 @@ class KernelChain:
             function(*args)
         return self.outputs
 
+    def bind(self, output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
+        """This chain as one generated function from the inputs (in order) to the named outputs, or None when an
+        input may be read in place. Straight-line code with every argument bound by name: the PPO actor's three
+        kernels at [1,17] cost 1.4 us so against 1.9 us through `__call__`'s loops and tuple unpacking."""
+        if self._any_in_place or len(output_names) != len(self.outputs):
+            return None
+        namespace: dict[str, Any] = {"copyto": np.copyto}
+        lines = ["def call(arrays):"]
+        for i, buffer in enumerate(self._buffers):
+            namespace[f"b{i}"] = buffer
+            lines.append(f"    copyto(b{i}, arrays[{i}])")
+        for j, (function, args) in enumerate(self._plain):
+            namespace[f"f{j}"] = function
+            namespace.update({f"a{j}_{k}": arg for k, arg in enumerate(args)})
+            lines.append(f"    f{j}({', '.join(f'a{j}_{k}' for k in range(len(args)))})")
+        namespace.update({f"o{k}": output for k, output in enumerate(self.outputs)})
+        namespace.update({f"n{k}": name for k, name in enumerate(output_names)})
+        lines.append("    return {" + ", ".join(f"n{k}: o{k}.copy()" for k in range(len(self.outputs))) + "}")
+        exec("\n".join(lines), namespace)  # the source holds only generated names; every value is bound above
+        return namespace["call"]  # type: ignore[no-any-return]
+
     def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         if not self._any_in_place:
             for buffer, array in zip(self._buffers, arrays):
@@ -409,6 +430,12 @@ class TvmRunner:
             if plan is not None:
                 return plan(arrays)
         return self._first_call(arrays, dispatch=True)
+
+    def bound_call(self, signature: tuple[Any, ...],
+                   output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
+        """This thread's plan for `signature` as one function to named outputs (a KernelChain's `bind`), or None."""
+        plan = getattr(self._local, "plans", {}).get(signature)
+        return plan.bind(output_names) if isinstance(plan, KernelChain) else None
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.infer_ordered([feeds[name] for name in self._names])
