@@ -12,6 +12,7 @@ import rlopt
 from rlopt.manifest import read_manifest
 from rlopt.runtime import open_artifact, unbucketed_p50, unbucketed_variant
 from rlopt.runtime.tvm_runner import PaddedCall, VmCall, padding_plan
+from tests.conftest import run_rlopt
 
 HEADS = [{"shapes": {"x": [1, 1, 32]}, "output_shapes": [[1, 1, 5]]},
          {"shapes": {"x": [2, 3, 32]}, "output_shapes": [[2, 3, 5]]},
@@ -77,6 +78,10 @@ def test_a_shape_without_its_own_build_is_padded_into_one_and_matches_torchscrip
         plan = session._runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)]
         assert isinstance(plan, PaddedCall)
     assert all(np.array_equal(got, copy) for got, copy in kept)
+    if network == "policy":
+        inspect = run_rlopt("inspect", str(tiny_compiled))
+        assert "tvm: shapes without their own library: zero-padded into the smallest bigger tuned library" in \
+            inspect.stdout
 
 
 def test_without_the_gates_pass_other_shapes_take_the_dynamic_library(tiny_compiled: Path) -> None:
@@ -148,4 +153,6 @@ def test_a_network_that_mixes_rows_fails_the_gate_and_is_never_padded(tmp_path: 
     module = torch.jit.load(str(result.model_dir / "value" / "model.ts"))
     np.testing.assert_allclose(got, module(torch.from_numpy(x)).detach().numpy(), atol=1e-5, rtol=1e-4)
     assert verify_model_dir(result.model_dir).passed
+    inspect = run_rlopt("inspect", str(result.model_dir))
+    assert "tvm: shapes without their own library: the dynamic library (padding failed the parity gate" in inspect.stdout
     shutil.rmtree(tmp_path / "out")
