@@ -508,8 +508,9 @@ class _Network:
                     base.parity = extra
                     return base, f"{self.name}/{backend} ({variant}): parity failed (max_abs {extra.max_abs:.3g})"
             # the path that serves shapes without their own build is timed at opt, for `auto` to rank it
-            if serving is not None and serving in {**variants, **gated}:
-                _time_variant(base, serving, {**variants, **gated}[serving], reference)
+            paths = {**variants, **gated}
+            if serving in paths:
+                _time_variant(base, serving, paths[serving], reference)
             base.latency_us = {
                 point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
                                iterations=stats.iterations)

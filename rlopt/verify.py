@@ -14,6 +14,7 @@ from rlopt.parity import ParityAccumulator, Tolerance
 from rlopt.reference import Reference
 from rlopt.runtime import open_artifact
 from rlopt.runtime.backends import unavailable_reason
+from rlopt.runtime.tvm_runner import gate_passed
 
 
 def check_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Reference, kind: str,
@@ -100,9 +101,8 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
                 parity = check_parity(runner.infer, reference, network.kind, network.distribution, used)
                 # paths infer skips on the reference shapes (TVM's dynamic fallback) are re-checked too
                 # and the tricks the manifest says passed the gate (the runtime uses those and only those)
-                passed = {name for name, gate in artifact.facts.get("variant_parity", {}).items() if gate.get("passed")}
                 gated = {name: infer for name, infer in getattr(runner, "gated_variants", dict)().items()
-                         if name in passed}
+                         if gate_passed(artifact.facts, name)}
                 for infer in [*getattr(runner, "parity_variants", dict)().values(), *gated.values()]:
                     extra = check_parity(infer, reference, network.kind, network.distribution, used)
                     parity = parity if extra.passed else extra

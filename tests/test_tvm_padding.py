@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,19 +42,19 @@ def test_a_dim_no_output_follows_is_not_padded() -> None:
     assert plan.bucket_for(((1, 4, 32),), buckets) is None
 
 
-@pytest.mark.parametrize("outputs", [
-    [[[1, 7]], [[2, 9]], [[4, 11]]],  # an output dim no input dim explains
-    [[[1]], [[2]], [[4]]],  # fine on its own: then two input dims that explain it equally
-])
-def test_no_plan_when_an_output_dim_cannot_be_cut_back(outputs: list[list[list[int]]]) -> None:
-    builds = [{"shapes": {"x": [b, 8]}, "output_shapes": out} for b, out in zip([1, 2, 4], outputs)]
-    if outputs[0] == [[1]]:
-        builds = [{"shapes": {"x": [b, 8], "y": [b, 3]}, "output_shapes": out} for b, out in zip([1, 2, 4], outputs)]
-        assert padding_plan(builds, ["x", "y"]) is None
-    else:
-        assert padding_plan(builds, ["x"]) is None
-    assert padding_plan(HEADS[:1], ["x"]) is None  # one build: nothing to pad into
-    assert padding_plan([{k: v for k, v in b.items() if k != "output_shapes"} for b in HEADS], ["x"]) is None
+BATCHES = [1, 2, 4]
+
+
+@pytest.mark.parametrize(("builds", "names"), [
+    # an output dim no input dim explains
+    ([{"shapes": {"x": [b, 8]}, "output_shapes": [[b, 7 + 2 * k]]} for k, b in enumerate(BATCHES)], ["x"]),
+    # an output dim two input dims explain equally
+    ([{"shapes": {"x": [b, 8], "y": [b, 3]}, "output_shapes": [[b]]} for b in BATCHES], ["x", "y"]),
+    (HEADS[:1], ["x"]),  # one build: nothing to pad into
+    ([{k: v for k, v in b.items() if k != "output_shapes"} for b in HEADS], ["x"]),  # output shapes unrecorded
+], ids=["unexplained", "ambiguous", "one-build", "no-output-shapes"])
+def test_no_plan_when_an_output_dim_cannot_be_cut_back(builds: list[dict[str, Any]], names: list[str]) -> None:
+    assert padding_plan(builds, names) is None
 
 
 @pytest.mark.parametrize("network", ["policy", "value"])

@@ -24,7 +24,7 @@ from rlopt.manifest import (
     shape_label,
 )
 from rlopt.runtime.backends import Runner, open_runner, unavailable_reason
-from rlopt.runtime.tvm_runner import bucket_files, padding_plan
+from rlopt.runtime.tvm_runner import bucket_files, gate_passed, padding_plan
 
 KNOWN_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
 NATIVE_BACKENDS: tuple[str, ...] = ("tvm", "tensorrt")
@@ -94,7 +94,6 @@ class Session:
         opt = tuple(tuple(p.opt) for p in self.inputs.values())
         self.backend = routes.get(opt, fallback)
         self._fast: dict[tuple[Any, ...], Any] = {}
-        self._fast_runner: dict[tuple[Any, ...], Runner] = {}
         self._local = threading.local()  # per thread: signature -> the runner's bound call (or None)
 
     @property
@@ -121,10 +120,9 @@ class Session:
             checked = check_feeds(feeds, self.inputs)
             arrays = [checked[name] for name in self._names]
             key = tuple([(a.shape, a.dtype) for a in arrays])
-            runner = self._runners[self._routes.get(tuple(a.shape for a in arrays), self._fallback)]
-            call = self._ordered_call(runner)
+            call = self._ordered_call(self._runner_for(tuple(a.shape for a in arrays)))
             if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(self._fast) < FAST_PATH_ENTRIES:
-                self._fast[key], self._fast_runner[key] = call, runner
+                self._fast[key] = call
         outputs = dict(zip(self.outputs, call(arrays, key)))
         if key in self._fast and (bound is None or key not in bound):
             self._bind(key)
@@ -133,10 +131,13 @@ class Session:
     def _bind(self, key: tuple[Any, ...]) -> None:
         """Once per thread and signature, after its first call: the runner's call for it as one function to the
         named outputs, when the runner has one (TVM's KernelChain)."""
-        bind = getattr(self._fast_runner[key], "bound_call", None)
+        bind = getattr(self._runner_for(tuple(shape for shape, _ in key)), "bound_call", None)
         if not hasattr(self._local, "bound"):
             self._local.bound = {}
         self._local.bound[key] = bind(key, self.outputs) if bind is not None else None
+
+    def _runner_for(self, shapes: ShapeKey) -> Runner:
+        return self._runners[self._routes.get(shapes, self._fallback)]
 
     def _ordered_call(self, runner: Runner) -> Callable[[list[np.ndarray], tuple[Any, ...]], list[np.ndarray]]:
         """The runner's call on inputs in input order and their ((shape, dtype), ...) signature (TVM takes them
@@ -150,7 +151,7 @@ class Session:
     def close(self) -> None:
         for runner in self._runners.values():
             runner.close()
-        self._fast, self._fast_runner, self._local = {}, {}, threading.local()
+        self._fast, self._local = {}, threading.local()
 
     def __enter__(self) -> Session:
         return self
@@ -183,8 +184,7 @@ def unbucketed_variant(facts: dict[str, Any]) -> str | None:
     if not builds:
         return None
     plan = padding_plan(builds, list(builds[0].get("shapes", {})))
-    padded = facts.get("variant_parity", {}).get("padded", {}).get("passed")
-    return "padded" if padded and plan is not None and plan.covers_range else "dynamic"
+    return "padded" if gate_passed(facts, "padded") and plan is not None and plan.covers_range else "dynamic"
 
 
 def unbucketed_p50(artifact: BackendRecord) -> float:

@@ -100,9 +100,7 @@ class KernelChain:
         if not self._any_in_place:
             for buffer, array in zip(self._buffers, arrays):
                 np.copyto(buffer, array)
-            for function, args in self._plain:
-                function(*args)
-            return [output.copy() for output in self.outputs]
+            return [output.copy() for output in self.run_staged()]
         replaced: dict[int, Any] = {}
         for slot, array in enumerate(arrays):
             if self._in_place[slot] and array.flags.c_contiguous:
@@ -293,6 +291,11 @@ class PaddedCall:
         return [result.copy() for result in self.results]
 
 
+def gate_passed(facts: dict[str, Any], variant: str) -> bool:
+    """Whether compile's parity gate passed `variant` of an artifact (facts.variant_parity.<variant>)."""
+    return bool(facts.get("variant_parity", {}).get(variant, {}).get("passed"))
+
+
 def bucket_files(facts: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-shape libraries a TVM artifact lists in its facts (each with path, sha256, bytes)."""
     return [build["file"] for build in facts.get("shape_builds", []) if isinstance(build, dict) and "file" in build]
@@ -343,7 +346,7 @@ class TvmRunner:
                 key = tuple(tuple(int(d) for d in shapes[name]) for name in input_names)
                 self._libraries[key] = self._load(checked_sibling(path, build["file"]))
         self.padding = padding_plan(facts.get("shape_builds", []), input_names) if self.on_cpu and dispatch else None
-        self.pads = bool(self.padding and facts.get("variant_parity", {}).get("padded", {}).get("passed"))
+        self.pads = self.padding is not None and gate_passed(facts, "padded")
         self._local = threading.local()
 
     def _load(self, path: Path) -> Any:
@@ -412,7 +415,7 @@ class TvmRunner:
             return None
         state = self._thread_state()
         if target not in state.padded_buckets:
-            staging = [self.staging(np.zeros(dims, dtype=dtype)) for dims, dtype in zip(target, dtypes)]
+            staging = [self.staging(np.empty(dims, dtype=dtype)) for dims, dtype in zip(target, dtypes)]
             for buffer, _ in staging:
                 buffer.fill(0)
             chain, _ = record_chain(self._relax.VirtualMachine(self._libraries[target], self.device), staging,
