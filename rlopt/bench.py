@@ -51,7 +51,7 @@ from rlopt.lazy import require
 from rlopt.machine import machine_facts
 from rlopt.manifest import Manifest, NetworkRecord, checked_file, read_manifest
 from rlopt.reference import Reference
-from rlopt.runtime.backends import unavailable_reason
+from rlopt.backends import unavailable_reason
 
 WARMUP_CALLS = 5
 BLOCK_CALLS = 8
@@ -810,7 +810,7 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
     `torch_compile=False` leaves torch.compile out (its first compile takes many seconds); tests use it.
     `extra_candidates` are benched beside the built-in ones, for every network (tests inject failing ones).
     """
-    from rlopt.pipeline import tool_versions
+    from rlopt.compile.pipeline import tool_versions
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)

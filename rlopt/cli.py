@@ -31,8 +31,8 @@ def compile_command(
     json_out: JsonFlag = False,
 ) -> None:
     """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR."""
-    from rlopt.cache import StageCache
-    from rlopt.pipeline import compile_recipe
+    from rlopt.compile.cache import StageCache
+    from rlopt.compile.pipeline import compile_recipe
     from rlopt.render import ProgressReporter, parity_failure_table, stage_table, stderr, stdout, summary_table
 
     with ProgressReporter() as reporter:
@@ -218,8 +218,8 @@ def tune_command(
 ) -> None:
     """MetaSchedule-tune every network at each profile shape; compile then applies the database without re-tuning."""
     from rlopt.render import stderr, stdout
-    from rlopt.tune_progress import TuneProgress, result_table
-    from rlopt.tuning import RpcSpec, tune_recipe
+    from rlopt.backends.tvm.tune_progress import TuneProgress, result_table
+    from rlopt.backends.tvm.tuning import RpcSpec, tune_recipe
 
     rpc = RpcSpec.parse(rpc_tracker, rpc_key) if rpc_tracker else None
     with TuneProgress(stderr) as progress:
@@ -238,7 +238,7 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("info")
 def cache_info_command(json_out: JsonFlag = False) -> None:
     """Where the cache is, how many entries each stage has, and its size."""
-    from rlopt.cache import StageCache
+    from rlopt.compile.cache import StageCache
     from rlopt.render import stdout
 
     info = StageCache().info()
@@ -253,7 +253,7 @@ def cache_info_command(json_out: JsonFlag = False) -> None:
 @cache_app.command("clear")
 def cache_clear_command() -> None:
     """Remove every cache entry."""
-    from rlopt.cache import StageCache
+    from rlopt.compile.cache import StageCache
     from rlopt.render import stdout
 
     stdout.print(f"removed {StageCache().clear()} entries", markup=False)

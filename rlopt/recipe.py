@@ -108,7 +108,7 @@ class NetworkSpec(_Strict):
     outputs: list[str]
     precision: Precision = "fp32"
     # Extra TensorRT optimization profiles (input -> min/opt/max), each inside the inputs' [min, max];
-    # profile 0 is always the inputs' own min/opt/max. Checked in rlopt.tensorrt_plan.
+    # profile 0 is always the inputs' own min/opt/max. Checked in rlopt.backends.tensorrt.plan.
     profiles: list[dict[str, ProfileRange]] = Field(default_factory=list)
     # Extra exact shapes (input -> dims) besides min/opt/max, each inside [min, max]: recorded in the
     # reference, verified, timed and given their own tuned TVM library; `auto` routes each to its fastest

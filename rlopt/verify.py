@@ -13,8 +13,8 @@ from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read
 from rlopt.parity import ParityAccumulator, Tolerance
 from rlopt.reference import Reference
 from rlopt.runtime import open_artifact
-from rlopt.runtime.backends import unavailable_reason
-from rlopt.runtime.tvm_runner import gate_passed
+from rlopt.backends import unavailable_reason
+from rlopt.backends.tvm.runner import gate_passed
 
 
 def check_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Reference, kind: str,
@@ -101,9 +101,9 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
                 parity = check_parity(runner.infer, reference, network.kind, network.distribution, used)
                 # paths infer skips on the reference shapes (TVM's dynamic fallback) are re-checked too
                 # and the tricks the manifest says passed the gate (the runtime uses those and only those)
-                gated = {name: infer for name, infer in getattr(runner, "gated_variants", dict)().items()
+                gated = {name: infer for name, infer in runner.gated_variants().items()
                          if gate_passed(artifact.facts, name)}
-                for infer in [*getattr(runner, "parity_variants", dict)().values(), *gated.values()]:
+                for infer in [*runner.parity_variants().values(), *gated.values()]:
                     extra = check_parity(infer, reference, network.kind, network.distribution, used)
                     parity = parity if extra.passed else extra
             finally:

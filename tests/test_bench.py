@@ -27,7 +27,7 @@ from rlopt.bench import (
 )
 from rlopt.errors import BackendUnavailable
 from rlopt.manifest import read_manifest
-from rlopt.runtime.backends import unavailable_reason
+from rlopt.backends import unavailable_reason
 from tests.conftest import assert_one_line_error, run_rlopt, write_tiny_recipe
 
 CORES = len(os.sched_getaffinity(0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlopt.cache import StageCache, cache_key, explain_change
+from rlopt.compile.cache import StageCache, cache_key, explain_change
 
 COMPONENTS = {"upstream": "abc", "recipe": {"tvm": {"target": {"kind": "llvm"}}},
               "versions": {"onnx": "1.23.2", "tvm": "0.27.0"}}

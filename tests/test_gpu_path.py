@@ -145,7 +145,7 @@ def tiny_mlp(path: Path, hidden: int = 40) -> Path:
 
 
 def test_tvm_cuda_is_cross_compiled_with_nvcc(tmp_path: Path) -> None:
-    from rlopt.stages.tvm_cuda import build_tvm_cuda, find_nvcc
+    from rlopt.backends.tvm.cuda import build_tvm_cuda, find_nvcc
 
     if find_nvcc() is None:
         pytest.skip("nvcc not installed here")
@@ -158,9 +158,9 @@ def test_tvm_cuda_is_cross_compiled_with_nvcc(tmp_path: Path) -> None:
 
 
 def test_tvm_cuda_without_nvcc_is_skipped_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlopt.stages.tvm_cuda import build_tvm_cuda
+    from rlopt.backends.tvm.cuda import build_tvm_cuda
 
-    monkeypatch.setattr("rlopt.stages.tvm_cuda.find_nvcc", lambda: None)
+    monkeypatch.setattr("rlopt.backends.tvm.cuda.find_nvcc", lambda: None)
     with pytest.raises(BackendUnavailable, match="needs nvcc"):
         build_tvm_cuda(tiny_mlp(tmp_path / "m.onnx"), TvmConfig(target={"kind": "cuda", "arch": "sm_86"}), tmp_path,
                        precision="fp32", recipe_path=tmp_path / "r.yaml", network="policy")
@@ -180,7 +180,7 @@ def tiny_reference(onnx_path: Path) -> Reference:
 
 
 def test_int8_is_kept_when_it_passes_its_gate_and_reports_cost_and_gain(tmp_path: Path) -> None:
-    from rlopt.stages.quantize import quantize_int8
+    from rlopt.backends.onnxruntime.quantize import quantize_int8
 
     source = tiny_mlp(tmp_path / "m.onnx", hidden=256)
     out = quantize_int8(source, tmp_path / "model.int8.onnx", tiny_reference(source), kind="value",
@@ -193,7 +193,7 @@ def test_int8_is_kept_when_it_passes_its_gate_and_reports_cost_and_gain(tmp_path
 
 
 def test_int8_failing_its_gate_falls_back_to_fp32_with_a_notice(tmp_path: Path) -> None:
-    from rlopt.stages.quantize import quantize_int8
+    from rlopt.backends.onnxruntime.quantize import quantize_int8
 
     source = tiny_mlp(tmp_path / "m.onnx", hidden=256)
     out = quantize_int8(source, tmp_path / "model.int8.onnx", tiny_reference(source), kind="value",
@@ -207,7 +207,7 @@ def test_int8_failing_its_gate_falls_back_to_fp32_with_a_notice(tmp_path: Path) 
 def test_fp16_casts_keep_fp32_inputs_and_outputs(tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    from rlopt.stages.prepare_tensorrt import prepare_for_tensorrt
+    from rlopt.backends.tensorrt.prepare import prepare_for_tensorrt
 
     source = tiny_mlp(tmp_path / "m.onnx")
     out = prepare_for_tensorrt(source, tmp_path / "fp16.onnx", cast_to="fp16", recipe_path=tmp_path / "r.yaml",
@@ -222,7 +222,7 @@ def test_fp16_casts_keep_fp32_inputs_and_outputs(tmp_path: Path) -> None:
 
 def test_prepare_refuses_onnx_runtime_only_ops(tmp_path: Path) -> None:
     from rlopt.errors import StageError
-    from rlopt.stages.prepare_tensorrt import prepare_for_tensorrt
+    from rlopt.backends.tensorrt.prepare import prepare_for_tensorrt
 
     source = tiny_mlp(tmp_path / "m.onnx")
     model = onnx.load(str(source))
@@ -237,7 +237,7 @@ def test_prepare_refuses_onnx_runtime_only_ops(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_full_recipe_builds_tvm_cuda_unverified_here(tmp_path: Path) -> None:
     """All four backends, TVM for sm_86 included (minutes on 2 cores: nvcc and TVM per network)."""
-    from rlopt.stages.tvm_cuda import find_nvcc
+    from rlopt.backends.tvm.cuda import find_nvcc
 
     compile_recipe(tmp_path / "out")
     manifest = read_manifest(tmp_path / "out")
@@ -264,8 +264,8 @@ def test_tvm_cuda_library_runs_and_matches_onnxruntime(tmp_path: Path) -> None:
     """On a GPU machine: the cross-compiled library loads through rlopt's TVM runner and matches ONNX Runtime."""
     import onnxruntime as ort
 
-    from rlopt.runtime.backends import open_runner
-    from rlopt.stages.tvm_cuda import build_tvm_cuda
+    from rlopt.backends import open_runner
+    from rlopt.backends.tvm.cuda import build_tvm_cuda
 
     source = tiny_mlp(tmp_path / "m.onnx")
     out = build_tvm_cuda(source, TvmConfig(target={"kind": "cuda", "arch": "sm_86"}), tmp_path, precision="fp32",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlopt.cache import StageCache
+from rlopt.compile.cache import StageCache
 from rlopt.manifest import read_manifest
-from rlopt.pipeline import compile_recipe
+from rlopt.compile.pipeline import compile_recipe
 from rlopt.verify import verify_model_dir
 from tests.conftest import run_rlopt, write_tiny_recipe
 

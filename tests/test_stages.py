@@ -14,7 +14,7 @@ from rlopt.recipe import load_recipe
 from rlopt.stages.export_onnx import dynamic_dim_names, export_onnx
 from rlopt.stages.load_model import build_model, submodule
 from rlopt.stages.script import script_network
-from rlopt.stages.tvm_build import build_tvm, target_slug, tensorize_shape_comparisons
+from rlopt.backends.tvm.build import build_tvm, target_slug, tensorize_shape_comparisons
 from tests.conftest import write_tiny_recipe
 
 

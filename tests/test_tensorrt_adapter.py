@@ -16,9 +16,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlopt.errors import ArtifactError, BackendUnavailable, StageError
 from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange, TensorRTConfig
-from rlopt.runtime.tensorrt_runner import TensorRTRunner
-from rlopt.tensorrt_adapter import TensorRTAdapter
-from rlopt.tensorrt_plan import make_plan
+from rlopt.backends.tensorrt.runner import TensorRTRunner
+from rlopt.backends.tensorrt.adapter import TensorRTAdapter
+from rlopt.backends.tensorrt.plan import make_plan
 from tests.tensorrt_standin import make_cpu_torch, make_tensorrt
 
 
@@ -130,7 +130,7 @@ def test_missing_timing_cache_starts_empty_and_is_created(tmp_path: Path) -> Non
 
 def test_time_budget_cancels_through_the_progress_monitor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr("rlopt.tensorrt_adapter.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("rlopt.backends.tensorrt.adapter.time.monotonic", lambda: clock[0])
     trt = make_tensorrt("10.13.3", steps=10, clock=clock)
     lines: list[str] = []
     with pytest.raises(StageError, match="exceeded its time budget"):
@@ -153,9 +153,9 @@ def test_unsupported_majors_are_unavailable(version: str) -> None:
 
 
 def test_stage_gate_skips_without_importing_tensorrt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlopt.stages.tensorrt import build_engine
+    from rlopt.backends.tensorrt.build import build_engine
 
-    monkeypatch.setattr("rlopt.stages.tensorrt.gpu_absent_reason", lambda: "no NVIDIA GPU (test)")
+    monkeypatch.setattr("rlopt.backends.tensorrt.build.gpu_absent_reason", lambda: "no NVIDIA GPU (test)")
     monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
     with pytest.raises(BackendUnavailable, match="needs an NVIDIA GPU: no NVIDIA GPU"):
         build_engine(tmp_path / "model.onnx", plan_for(tmp=tmp_path), tmp_path, recipe_path=tmp_path / "r.yaml",
@@ -169,11 +169,11 @@ def test_stage_prepares_the_graph_then_builds(version: str, casts: str, tmp_path
     """With the gate open (stand-in module, GPU check patched), the stage prepares the ONNX and calls the adapter."""
     import onnx
 
-    from rlopt.stages.tensorrt import build_engine
+    from rlopt.backends.tensorrt.build import build_engine
 
     trt = make_tensorrt(version)
-    monkeypatch.setattr("rlopt.stages.tensorrt.gpu_absent_reason", lambda: None)
-    monkeypatch.setattr("rlopt.stages.tensorrt.find_spec", lambda name: object())
+    monkeypatch.setattr("rlopt.backends.tensorrt.build.gpu_absent_reason", lambda: None)
+    monkeypatch.setattr("rlopt.backends.tensorrt.build.find_spec", lambda name: object())
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     onnx.save(mlp_model(), str(tmp_path / "model.onnx"))
     out = build_engine(tmp_path / "model.onnx", plan_for("fp16", tmp=tmp_path), tmp_path,
@@ -208,13 +208,13 @@ def test_runner_refuses_an_engine_it_cannot_deserialize(tmp_path: Path) -> None:
 
 
 def test_runner_gate_without_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rlopt.runtime.tensorrt_runner.gpu_absent_reason", lambda: "no NVIDIA GPU (test)")
+    monkeypatch.setattr("rlopt.backends.tensorrt.runner.gpu_absent_reason", lambda: "no NVIDIA GPU (test)")
     with pytest.raises(BackendUnavailable, match="needs an NVIDIA GPU"):
         TensorRTRunner(tmp_path / "model.plan", ["obs"], {})
 
 
 def _real_tensorrt_missing() -> str | None:
-    from rlopt.stages.tensorrt import tensorrt_unavailable_reason
+    from rlopt.backends.tensorrt.build import tensorrt_unavailable_reason
 
     return tensorrt_unavailable_reason()
 
@@ -227,7 +227,7 @@ def test_real_engine_builds_and_matches_onnxruntime(precision: str, tmp_path: Pa
     import onnx
     import onnxruntime as ort
 
-    from rlopt.stages.tensorrt import build_engine
+    from rlopt.backends.tensorrt.build import build_engine
 
     onnx.save(mlp_model(64), str(tmp_path / "model.onnx"))
     out = build_engine(tmp_path / "model.onnx", plan_for(precision, tmp=tmp_path), tmp_path,

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from rlopt.errors import RecipeError, StageError
 from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange, TensorRTConfig
-from rlopt.tensorrt_plan import make_plan, onnx_inputs
+from rlopt.backends.tensorrt.plan import make_plan, onnx_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

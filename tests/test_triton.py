@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange, TensorRTConfig
-from rlopt.tensorrt_plan import TensorRTPlan, make_plan
-from rlopt.triton import OutputShapes, model_config, output_shapes, to_pbtxt, write_models
+from rlopt.backends.tensorrt.plan import TensorRTPlan, make_plan
+from rlopt.compile.triton import OutputShapes, model_config, output_shapes, to_pbtxt, write_models
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 text_format = pytest.importorskip("google.protobuf.text_format")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import rlopt
-from rlopt.runtime import tvm_runner
-from rlopt.runtime.tvm_runner import KernelChain, VmCall, record_chain
+from rlopt.backends.tvm import runner as tvm_runner
+from rlopt.backends.tvm.runner import KernelChain, VmCall, record_chain
 
 SHAPES = [(1, 1, 32), (2, 3, 32), (4, 6, 32)]
 

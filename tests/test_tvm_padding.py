@@ -12,7 +12,7 @@ import pytest
 import rlopt
 from rlopt.manifest import read_manifest
 from rlopt.runtime import open_artifact, unbucketed_p50, unbucketed_variant
-from rlopt.runtime.tvm_runner import PaddedCall, VmCall, padding_plan
+from rlopt.backends.tvm.runner import PaddedCall, VmCall, padding_plan
 from tests.conftest import run_rlopt
 
 HEADS = [{"shapes": {"x": [1, 1, 32]}, "output_shapes": [[1, 1, 5]]},
@@ -137,7 +137,7 @@ verify:
 def test_a_network_that_mixes_rows_fails_the_gate_and_is_never_padded(tmp_path: Path) -> None:
     import torch
 
-    from rlopt.pipeline import compile_recipe
+    from rlopt.compile.pipeline import compile_recipe
     from rlopt.verify import verify_model_dir
 
     (tmp_path / "models").mkdir()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlopt.backends.base import Runner
 from rlopt.errors import ArtifactError, ProfileError, UsageError
 from rlopt.manifest import InputProfile, read_manifest
 from rlopt.recipe import load_recipe
@@ -200,7 +201,7 @@ def test_slo_missed_exits_1(tiny_copy: Path, tmp_path: Path) -> None:
     assert report["consistency"]["passed"]
 
 
-class NoisyUnderLoad:
+class NoisyUnderLoad(Runner):
     """A test double: the real ONNX Runtime runner, plus noise on calls from any thread but the main one.
 
     It models a backend whose results change under concurrency (a data race); single-threaded it is exact.
@@ -208,6 +209,7 @@ class NoisyUnderLoad:
 
     def __init__(self, inner: Any, noise: float) -> None:
         self._inner = inner
+        self.input_names = inner.input_names
         self._noise = noise
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -221,7 +223,7 @@ class NoisyUnderLoad:
 
 
 def install_noisy_onnxruntime(monkeypatch: pytest.MonkeyPatch, noise: float) -> None:
-    from rlopt.runtime import backends
+    from rlopt import backends
 
     real = backends.RUNNERS["onnxruntime"]
     monkeypatch.setitem(backends.RUNNERS, "onnxruntime",
@@ -288,11 +290,12 @@ def test_option_errors(tiny_compiled: Path, tmp_path: Path, options: dict[str, A
     assert needle in str(caught.value)
 
 
-class PinsItsCaller:
+class PinsItsCaller(Runner):
     """A test double: the real runner, but each call pins the calling thread to one core (as TVM's pool does)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self.input_names = inner.input_names
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         if threading.current_thread() is not threading.main_thread():
@@ -307,7 +310,7 @@ class PinsItsCaller:
                     reason="needs two usable cores")
 def test_a_runtime_that_pins_load_threads_is_reported(tiny_compiled: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlopt.runtime import backends
+    from rlopt import backends
 
     real = backends.RUNNERS["onnxruntime"]
     monkeypatch.setitem(backends.RUNNERS, "onnxruntime", lambda path, names, facts: PinsItsCaller(real(path, names,

@@ -23,11 +23,10 @@ from rlopt.manifest import (
     read_manifest,
     shape_label,
 )
-from rlopt.runtime.backends import Runner, open_runner, unavailable_reason
-from rlopt.runtime.tvm_runner import bucket_files, gate_passed, padding_plan
+from rlopt.backends import BACKENDS, Runner, open_runner, unavailable_reason
+from rlopt.backends.tvm.runner import bucket_files, gate_passed, padding_plan
 
-KNOWN_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
-NATIVE_BACKENDS: tuple[str, ...] = ("tvm", "tensorrt")
+KNOWN_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
 
 
 def check_feeds(feeds: dict[str, Any], profiles: dict[str, InputProfile]) -> dict[str, np.ndarray]:
@@ -131,22 +130,16 @@ class Session:
     def _bind(self, key: tuple[Any, ...]) -> None:
         """Once per thread and signature, after its first call: the runner's call for it as one function to the
         named outputs, when the runner has one (TVM's KernelChain)."""
-        bind = getattr(self._runner_for(tuple(shape for shape, _ in key)), "bound_call", None)
         if not hasattr(self._local, "bound"):
             self._local.bound = {}
-        self._local.bound[key] = bind(key, self.outputs) if bind is not None else None
+        self._local.bound[key] = self._runner_for(tuple(shape for shape, _ in key)).bound_call(key, self.outputs)
 
     def _runner_for(self, shapes: ShapeKey) -> Runner:
         return self._runners[self._routes.get(shapes, self._fallback)]
 
     def _ordered_call(self, runner: Runner) -> Callable[[list[np.ndarray], tuple[Any, ...]], list[np.ndarray]]:
-        """The runner's call on inputs in input order and their ((shape, dtype), ...) signature (TVM takes them
-        so; the others take a dict)."""
-        ordered = getattr(runner, "infer_ordered", None)
-        if ordered is not None:
-            return ordered  # type: ignore[no-any-return]
-        names, infer = self._names, runner.infer
-        return lambda arrays, _signature: infer(dict(zip(names, arrays)))
+        """The runner's call on inputs in input order and their ((shape, dtype), ...) signature."""
+        return runner.infer_ordered
 
     def close(self) -> None:
         for runner in self._runners.values():
@@ -313,7 +306,7 @@ def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: 
 
 def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_names: list[str]) -> Runner:
     """Open a backend's artifact after its sha256 matches; native code is loaded from a checked private copy."""
-    if backend in NATIVE_BACKENDS:
+    if BACKENDS[backend].native:
         with tempfile.TemporaryDirectory(prefix="rlopt-load-") as private:
             for extra in bucket_files(artifact.facts):  # TVM's per-shape libraries travel with the main one
                 checked_private_copy(model_dir, FileRecord.model_validate(extra), Path(private))

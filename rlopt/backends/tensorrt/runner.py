@@ -14,16 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from rlopt.backends.base import Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.lazy import require
 from rlopt.machine import gpu_absent_reason
 
 
-class TensorRTRunner:
+class TensorRTRunner(Runner):
     """Owns the runtime, engine, execution context and stream it creates; `close` releases them."""
 
     def __init__(self, path: Path, input_names: list[str], facts: dict[str, Any], *,
                  trt: ModuleType | None = None, torch: ModuleType | None = None) -> None:
+        self.input_names = input_names
         if trt is None:
             reason = gpu_absent_reason()
             if reason is not None:

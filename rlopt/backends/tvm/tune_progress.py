@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlopt.tuning import Task, TuneResult
+from rlopt.backends.tvm.tuning import Task, TuneResult
 
 
 def _best(task: Task) -> str:

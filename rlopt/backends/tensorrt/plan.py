@@ -3,7 +3,7 @@
 Made from the recipe and validated against the ONNX graph's inputs (names, dtypes, ranks, and
 every static dim), so a bad profile is one located recipe error here, not a TensorRT failure
 minutes into a build on a GPU machine. The same profile objects also drive the Triton configs
-(`rlopt.triton`): a config whose dims or batch size disagree with the engine cannot be written.
+(`rlopt.compile.triton`): a config whose dims or batch size disagree with the engine cannot be written.
 Needs no TensorRT and no GPU.
 """
 

@@ -19,7 +19,7 @@ from rlopt.errors import BackendUnavailable
 from rlopt.lazy import require
 from rlopt.machine import gpu_absent_reason
 from rlopt.stages.base import StageOutput
-from rlopt.tensorrt_plan import TensorRTPlan
+from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 
 def tensorrt_unavailable_reason() -> str | None:
@@ -38,8 +38,8 @@ def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_p
     reason = tensorrt_unavailable_reason()
     if reason is not None:
         raise BackendUnavailable(reason)
-    from rlopt.stages.prepare_tensorrt import prepare_for_tensorrt
-    from rlopt.tensorrt_adapter import TensorRTAdapter
+    from rlopt.backends.tensorrt.prepare import prepare_for_tensorrt
+    from rlopt.backends.tensorrt.adapter import TensorRTAdapter
 
     adapter = TensorRTAdapter(require("tensorrt"), progress)
     notice = adapter.precision_notice(plan.precision)

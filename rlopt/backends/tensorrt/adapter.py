@@ -4,13 +4,13 @@ The two majors differ where it matters here (measured on the 11.4 bindings, shar
 10.x -> 11.x migration guide):
 - TensorRT 10: precision by builder flags (`BuilderFlag.FP16` / `BF16`) on a weakly typed network.
 - TensorRT 11: every network is strongly typed; `BuilderFlag.FP16`/`BF16`/`INT8` are gone, so
-  reduced precision must already be in the ONNX graph (rlopt.stages.prepare_tensorrt writes the casts).
+  reduced precision must already be in the ONNX graph (rlopt.backends.tensorrt.prepare writes the casts).
 Both: ONNX parser, one optimization profile per plan profile, workspace pool limit, REFIT,
 builder optimization level, a timing cache loaded and saved back, a progress monitor
 (`IProgressMonitor`) that also enforces the plan's time budget by cancelling the build.
 
 Nothing here imports `tensorrt`: the caller passes the module, after the GPU gate
-(rlopt.stages.tensorrt). That also lets the tests drive it with a recording stand-in.
+(rlopt.backends.tensorrt.build). That also lets the tests drive it with a recording stand-in.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from rlopt.errors import BackendUnavailable, StageError
-from rlopt.tensorrt_plan import TensorRTPlan
+from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 SUPPORTED_MAJORS = (10, 11)
 

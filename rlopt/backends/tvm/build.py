@@ -4,7 +4,7 @@
   untuned (tuning a symbolic-shape module fails in 0.27, shared notes).
 - One static library per distinct profile shape (`tvm-<target>-<dims>.so`), with the taken
   branch of shape-only Ifs inlined and every kernel that has a record in the recipe's tuning
-  database (`<recipe>.tuning/<kind-mcpu>/`, see rlopt.tuning) replaced by its tuned schedule.
+  database (`<recipe>.tuning/<kind-mcpu>/`, see rlopt.backends.tvm.tuning) replaced by its tuned schedule.
   The runtime dispatches to it on an exact shape match. Kernels without a record are listed
   (`untuned_kernels`), so a user sees which workloads `rlopt tune` still has to cover.
 - The target is completed for this host (mcpu, num-cores); the ISA features that mcpu implies
@@ -26,7 +26,7 @@ from rlopt.lazy import require
 from rlopt.manifest import shape_label
 from rlopt.recipe import NetworkSpec, TvmConfig
 from rlopt.stages.base import StageOutput
-from rlopt.stages.tvm_import import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
+from rlopt.backends.tvm.importer import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
                                      tensorize_shape_comparisons)
 
 __all__ = ["build_tvm", "target_slug", "fused_kernels", "tensorize_shape_comparisons"]
@@ -36,7 +36,7 @@ PIPELINE = "tensorize shape comparisons + fold shape-only Ifs (static) + Convert
 
 def target_slug(target: dict[str, Any]) -> str:
     """`tvm-<slug>.so`: the kind plus what picks the code (mcpu or arch), as the tuning database folder names it."""
-    from rlopt.tuning import target_key
+    from rlopt.backends.tvm.tuning import target_key
 
     return target_key(target)
 
@@ -101,7 +101,7 @@ def output_shapes(mod: Any) -> list[list[int]] | None:
 
 def required_cpu_features(target_dict: dict[str, Any]) -> list[str]:
     """ISA features (LLVM names) the target's mcpu lets the code use."""
-    from rlopt.runtime.cpu_features import isa_features
+    from rlopt.backends.tvm.cpu_features import isa_features
 
     if target_dict.get("kind") != "llvm" or not target_dict.get("mcpu"):
         return []
@@ -191,7 +191,7 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
                                  "(only {kind: llvm} is supported here)")
     onnx = require("onnx")
     tvm = require("tvm")
-    from rlopt.tuning import resolve_target
+    from rlopt.backends.tvm.tuning import resolve_target
 
     try:
         target_dict = resolve_target(config.target)
@@ -217,7 +217,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                recipe_path: Path, network: str, spec: NetworkSpec | None) -> StageOutput:
     tvm = require("tvm")
     from rlopt.manifest import file_record
-    from rlopt.tuning import (Workload, apply_database, database_dir, file_slug, open_database, profile_shapes,
+    from rlopt.backends.tvm.tuning import (Workload, apply_database, database_dir, file_slug, open_database, profile_shapes,
                               target_key, tune_workloads)
 
     dynamic = pool.submit(_compile, mod, target, out_path, recipe_path, network)

@@ -10,7 +10,7 @@ compiled with nvcc for that arch at build time and the result recorded. Without 
 
 The library cannot run without a GPU; the pipeline then records it built but `verified: false`
 with the reason. Helpers (ONNX shape-comparison rewrite, fused-kernel count, file naming) come
-from rlopt.stages.tvm_build.
+from rlopt.backends.tvm.build.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from rlopt.errors import BackendUnavailable, RecipeError, StageError, first_line
 from rlopt.lazy import require
 from rlopt.recipe import Precision, TvmConfig
 from rlopt.stages.base import StageOutput
-from rlopt.stages.tvm_build import fused_kernels, target_slug, tensorize_shape_comparisons
+from rlopt.backends.tvm.build import fused_kernels, target_slug, tensorize_shape_comparisons
 
 CUDA_KINDS = ("cuda",)
 
@@ -71,7 +71,7 @@ def _cuda_source(executable: Any) -> str:
 def _precision_model(model: Any, precision: Precision) -> tuple[Any, str | None]:
     """fp16 casts written into the graph (as for TensorRT 11); other reduced precisions not applied, with a notice."""
     if precision == "fp16":
-        from rlopt.stages.prepare_tensorrt import to_fp16
+        from rlopt.backends.tensorrt.prepare import to_fp16
 
         return to_fp16(model), None
     if precision in ("bf16", "int8"):

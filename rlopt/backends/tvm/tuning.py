@@ -5,7 +5,7 @@ Why it is shaped like this (shared notes, measured here):
   symbolic-shape module fails, and a static database does not apply to the dynamic module, so
   every network is tuned as one static-shape workload per profile shape (min, opt, max).
 - Tasks come only from fused TIR, so workloads are imported exactly as the build imports them
-  (rlopt.stages.tvm_import), and a record found at tuning time is found again at compile time.
+  (rlopt.backends.tvm.importer), and a record found at tuning time is found again at compile time.
 - MetaSchedule records carry no usable target check, so the database folder is keyed by
   target kind and mcpu: a database tuned for one CPU is never applied to another.
 - Every tuning call pays 20-40 s of set-up (worker processes), so all workloads of a recipe
@@ -249,7 +249,7 @@ def extract_tasks(workloads: list[Workload], target: Any) -> list[Task]:
     ms = require("tvm.s_tir.meta_schedule")
     tvm_ffi = require("tvm_ffi")
     analysis = require("tvm.s_tir.analysis")
-    from rlopt.stages.tvm_import import import_relax
+    from rlopt.backends.tvm.importer import import_relax
 
     tasks: list[Task] = []
     by_hash: dict[int, list[Task]] = {}
@@ -483,7 +483,7 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
     reporter = reporter or _SilentTuning()
     tvm = require("tvm")
     ms = require("tvm.s_tir.meta_schedule")
-    from rlopt.tvm_builder import build_candidate
+    from rlopt.backends.tvm.builder import build_candidate
 
     target = tvm.target.Target(target_dict)
     database = open_database(directory, create=True)
@@ -571,7 +571,7 @@ def network_onnx(recipe: Recipe, recipe_path: Path, model: Any, name: str, spec:
     out = export_onnx(workdir / f"{name}.ts", spec, recipe.onnx.opset, workdir / f"{name}.onnx",
                       recipe_path=recipe_path, network=name)
     source = out.artifact
-    from rlopt.gpu_path import padding_multiples, wanted_multiple
+    from rlopt.compile.gpu_path import padding_multiples, wanted_multiple
 
     if padding_multiples(recipe).get("tvm", 0) > 0 and wanted_multiple(recipe) > 0:
         # compile feeds TVM model.padded.onnx then: tune the same kernels

@@ -1,7 +1,7 @@
 """MODEL_DIR/triton: a Triton Inference Server model repository for every built backend Triton serves.
 
 `triton/<name>_<network>_<backend>/config.pbtxt` + `1/model.{onnx,pt,plan}`. Every shape in a
-config comes from the TensorRTPlan's profile objects (rlopt.tensorrt_plan), the same ones the
+config comes from the TensorRTPlan's profile objects (rlopt.backends.tensorrt.plan), the same ones the
 engine is built with: `max_batch_size` is profile 0's batch max (only when dim 0 of every input
 is one shared dynamic batch dim starting at 1, so Triton never sends a batch outside the
 profile), dims are -1 exactly where the profile is dynamic, dynamic batching prefers the
@@ -20,14 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.tensorrt_plan import Batching, TensorRTPlan
+from rlopt.backends import BACKENDS
+from rlopt.backends.tensorrt.plan import Batching, TensorRTPlan
 
 # backend -> (platform, file name in the version folder)
-PLATFORMS: dict[str, tuple[str, str]] = {
-    "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
-    "torchscript": ("pytorch_libtorch", "model.pt"),
-    "tensorrt": ("tensorrt_plan", "model.plan"),
-}
+PLATFORMS: dict[str, tuple[str, str]] = {name: b.triton_platform for name, b in BACKENDS.items()
+                                         if b.triton_platform is not None}
 TRITON_DTYPES: dict[str, str] = {
     "float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
     "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL", "float64": "TYPE_FP64", "int8": "TYPE_INT8",

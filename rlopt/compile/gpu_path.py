@@ -11,8 +11,8 @@ from rlopt.manifest import BackendRecord, FileRecord, file_record
 from rlopt.parity import Tolerance
 from rlopt.recipe import NetworkSpec, Recipe, VerifyConfig
 from rlopt.reference import Reference
-from rlopt.stages.tvm_cuda import is_cuda_target
-from rlopt.tensorrt_plan import TensorRTPlan
+from rlopt.backends.tvm.cuda import is_cuda_target
+from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 AUTO_GPU_MULTIPLE = 256  # A10G Tensor Cores; padding costs 1.3-2.2x on CPU (shared notes), so CPU auto = off
 REDUCED_PRECISIONS = ("fp16", "bf16", "int8")
@@ -32,7 +32,7 @@ def wanted_multiple(recipe: Recipe) -> int:
     TensorRT that cannot build on this machine does not count, so `auto` pads nothing on a CPU-only
     machine unless TVM targets CUDA.
     """
-    from rlopt.stages.tensorrt import tensorrt_unavailable_reason
+    from rlopt.backends.tensorrt.build import tensorrt_unavailable_reason
 
     consumers = [b for b in recipe.backends if b != "tensorrt" or tensorrt_unavailable_reason() is None]
     chosen = {m for b, m in padding_multiples(recipe).items() if b in consumers and m > 0}
@@ -72,7 +72,7 @@ def precision_record(spec: NetworkSpec, artifacts: dict[str, BackendRecord]) -> 
 def write_triton(staging: Path, recipe_name: str, network: str, artifacts: dict[str, BackendRecord],
                  plan: TensorRTPlan, reference: Reference, spec: NetworkSpec) -> dict[str, FileRecord]:
     """Triton models for every verified backend Triton serves; returns the files to list in the manifest."""
-    from rlopt.triton import PLATFORMS, output_shapes, write_models
+    from rlopt.compile.triton import PLATFORMS, output_shapes, write_models
 
     servable = {b: staging / r.path for b, r in artifacts.items() if b in PLATFORMS and r.verified and r.path}
     if not servable:

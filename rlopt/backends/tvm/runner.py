@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlopt.backends.base import Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.lazy import require
 from rlopt.runtime.outputs import flatten_outputs
@@ -316,11 +317,11 @@ def checked_sibling(primary: Path, record: dict[str, Any]) -> Path:
     return path
 
 
-class TvmRunner:
+class TvmRunner(Runner):
     """One dynamic library plus zero or more exact-shape libraries, all checked before they are loaded."""
 
     def __init__(self, path: Path, input_names: list[str], facts: dict[str, Any], *, dispatch: bool = True) -> None:
-        from rlopt.runtime.cpu_features import missing_features
+        from rlopt.backends.tvm.cpu_features import missing_features
 
         target = facts.get("target", {})
         if target.get("kind") == "llvm":
@@ -337,7 +338,7 @@ class TvmRunner:
         self.device = self.tvm.cuda(0) if target.get("kind") == "cuda" else self.tvm.cpu(0)
         if target.get("kind") == "cuda" and not self.device.exist:
             raise BackendUnavailable("TVM library targets CUDA but no CUDA device is present here")
-        self._names = input_names
+        self.input_names = input_names
         self.on_cpu = target.get("kind") != "cuda"
         self._libraries: dict[ShapeKey | None, Any] = {None: self._load(path)}
         if dispatch:
@@ -441,11 +442,11 @@ class TvmRunner:
         return plan.bind(output_names) if isinstance(plan, KernelChain) else None
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return self.infer_ordered([feeds[name] for name in self._names])
+        return self.infer_ordered([feeds[name] for name in self.input_names])
 
     def infer_dynamic(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Always the dynamic library: what serves shapes without a bucket (verified on its own at compile time)."""
-        arrays = [feeds[name] for name in self._names]
+        arrays = [feeds[name] for name in self.input_names]
         plans = getattr(self._local, "dynamic_plans", None)
         plan = plans.get(tuple([(a.shape, a.dtype) for a in arrays])) if plans is not None else None
         return plan(arrays) if plan is not None else self._first_call(arrays, dispatch=False)
@@ -453,7 +454,7 @@ class TvmRunner:
     def infer_padded(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Padded into the smallest strictly bigger build (the largest shape runs its own build): the path shapes
         without their own build take once the parity gate has passed it."""
-        arrays = [feeds[name] for name in self._names]
+        arrays = [feeds[name] for name in self.input_names]
         key = tuple([(a.shape, a.dtype) for a in arrays])
         plans = self._thread_state().padded_plans
         if key not in plans:

@@ -20,7 +20,7 @@ import numpy as np
 
 from rlopt import __version__
 from rlopt.errors import BackendUnavailable, StageError, UsageError, describe_exception, located
-from rlopt.cache import CacheHit, StageCache
+from rlopt.compile.cache import CacheHit, StageCache
 from rlopt.lazy import version_of
 from rlopt.locking import exclusive_lock
 from rlopt.machine import cpu_identity, machine_facts
@@ -42,12 +42,12 @@ from rlopt.parity import Tolerance
 from rlopt.recipe import BACKENDS, NetworkSpec, Recipe, load_recipe
 from rlopt.reference import Reference, record_reference
 from rlopt.runtime import auto_routes, ranked_backends, unbucketed_variant
-from rlopt.runtime.backends import open_runner
-from rlopt.runtime.tvm_runner import bucket_files
+from rlopt.backends import open_runner
+from rlopt.backends.tvm.runner import bucket_files
 from rlopt.stages.base import StageOutput
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import check_parity
-from rlopt.gpu_path import precision_record, tolerance_for, write_triton
+from rlopt.compile.gpu_path import precision_record, tolerance_for, write_triton
 
 CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
 CACHED_BUILDS = ("tvm", "tensorrt")
@@ -222,10 +222,10 @@ class _Network:
         self.reporter.stage_finished(self.name, stage, status, seconds, detail)
 
     def build_backend(self, backend: str, ts: StageOutput, onnx_out: StageOutput) -> StageOutput:
-        from rlopt.stages.onnxruntime_session import check_onnxruntime
-        from rlopt.stages.tensorrt import build_engine
-        from rlopt.stages.tvm_build import build_tvm
-        from rlopt.stages.tvm_cuda import build_tvm_cuda, is_cuda_target
+        from rlopt.backends.onnxruntime.build import check_onnxruntime
+        from rlopt.backends.tensorrt.build import build_engine
+        from rlopt.backends.tvm.build import build_tvm
+        from rlopt.backends.tvm.cuda import build_tvm_cuda, is_cuda_target
 
         source = self.onnx_for(backend, onnx_out.artifact)
         if backend == "tvm" and is_cuda_target(self.recipe.tvm.target):
@@ -272,7 +272,7 @@ class _Network:
 
     def onnx_for(self, backend: str, exported: Path) -> Path:
         """model.padded.onnx for a backend whose pad_gemm multiple is on (when padding changed anything)."""
-        from rlopt.gpu_path import padding_multiples
+        from rlopt.compile.gpu_path import padding_multiples
 
         on = padding_multiples(self.recipe).get(backend, 0) > 0
         return self.padded if (on and getattr(self, "padded", None) is not None) else exported
@@ -281,8 +281,8 @@ class _Network:
         """fp32 ONNX Runtime, or int8 dynamic quantization when the network asks for int8 and it passes its gate."""
         if self.spec.precision != "int8":
             return check(source, self.recipe.onnxruntime)
-        from rlopt.gpu_path import tolerance_for
-        from rlopt.stages.quantize import quantize_int8
+        from rlopt.compile.gpu_path import tolerance_for
+        from rlopt.backends.onnxruntime.quantize import quantize_int8
 
         quantized = quantize_int8(source, self.dir / "model.int8.onnx", self.reference, kind=self.spec.kind,
                                   distribution=self.spec.distribution,
@@ -294,10 +294,10 @@ class _Network:
 
     def prepare_gpu_path(self, exported: Path, reference: Reference, failures: list[str]) -> None:
         """TensorRT plan (validated against the ONNX inputs) and GEMM padding, shared by the GPU backends and Triton."""
-        from rlopt.gpu_path import wanted_multiple
+        from rlopt.compile.gpu_path import wanted_multiple
         from rlopt.lazy import require
         from rlopt.stages.pad_gemm import pad_gemm
-        from rlopt.tensorrt_plan import make_plan
+        from rlopt.backends.tensorrt.plan import make_plan
 
         self.reference, self.padded = reference, None
         graph = require("onnx").load(str(exported))
@@ -484,7 +484,7 @@ class _Network:
             if not parity.passed:
                 return base, f"{self.name}/{backend}: parity failed (max_abs {parity.max_abs:.3g})"
             # tricks (TVM's padding into a bigger build) are used only where they pass; failing one turns it off
-            gated = getattr(runner, "gated_variants", dict)()
+            gated = runner.gated_variants()
             for variant, infer in gated.items():
                 try:
                     extra = check_parity(infer, reference.head(VARIANT_SAMPLES), self.spec.kind,
@@ -499,7 +499,7 @@ class _Network:
             # first VARIANT_SAMPLES samples per shape (same code at every shape; `rlopt verify` runs all); on one
             # sample per shape when padding serves every shape instead (the untuned dynamic library takes ~100 ms
             # a call at atari's opt: 1.2 s of compile for a fallback that serves nothing then)
-            variants = getattr(runner, "parity_variants", dict)()
+            variants = runner.parity_variants()
             for variant, infer in variants.items():
                 samples = VARIANT_SAMPLES if serving in (None, variant) else 1
                 extra = check_parity(infer, reference.head(samples), self.spec.kind, self.spec.distribution, tol)

@@ -1,0 +1,85 @@
+"""The one interface the runtime, verify, bench and warmup call on a backend's runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+
+
+class Runner:
+    """Opens one artifact, owns what it creates, runs numpy feeds.
+
+    Subclasses implement `infer` and `close`; the other hooks have defaults that a backend
+    overrides when it has something better (a per-thread bound call, extra code paths to gate).
+    """
+
+    input_names: list[str]
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def infer_ordered(self, arrays: list[np.ndarray], signature: tuple[Any, ...] | None = None) -> list[np.ndarray]:
+        """Inputs already in the network's order (the Session's hot path)."""
+        return self.infer(dict(zip(self.input_names, arrays)))
+
+    def bound_call(self, signature: tuple[Any, ...],
+                   output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
+        """A per-thread call specialised to one (shape, dtype) signature, or None when the backend has none."""
+        return None
+
+    def parity_variants(self) -> dict[str, Infer]:
+        """Code paths `infer` may skip on the reference shapes; each must pass the parity gate."""
+        return {}
+
+    def gated_variants(self) -> dict[str, Infer]:
+        """Optional tricks, used only where the parity gate passed them."""
+        return {}
+
+    def warm_up(self, feeds: dict[str, np.ndarray]) -> None:
+        """One call per shape before serving, so first-call costs are paid before traffic."""
+        self.infer(feeds)
+
+    def close(self) -> None:
+        """Release what this runner created."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Everything rlopt knows about one backend, importable without the backend's own library.
+
+    `runner` and `build` are "module:attribute" paths, imported only when used. `unavailable`
+    returns None when the backend's artifacts can run here, else one line saying why not.
+    `threads` says how many threads the backend computes with, from the facts its build recorded.
+    """
+
+    name: str
+    module: str
+    runner: str
+    build: str
+    unavailable: Callable[[dict[str, Any]], str | None]
+    threads: Callable[[dict[str, Any]], int | str]
+    triton_platform: tuple[str, str] | None = None
+    native: bool = False
+
+    def runner_class(self) -> type[Runner]:
+        return _load(self.runner)  # type: ignore[no-any-return]
+
+    def build_function(self) -> Callable[..., Any]:
+        return _load(self.build)  # type: ignore[no-any-return]
+
+
+def _load(path: str) -> Any:
+    from importlib import import_module
+
+    module, attribute = path.split(":")
+    return getattr(import_module(module), attribute)
+
+
+def module_missing(module: str) -> str | None:
+    from importlib.util import find_spec
+
+    return None if find_spec(module) is not None else f"python module '{module}' is not installed"

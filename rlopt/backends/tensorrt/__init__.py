@@ -1,0 +1,20 @@
+"""TensorRT: engines with optimization profiles, built and run only where an NVIDIA GPU and TensorRT are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlopt.backends.base import Backend, module_missing
+from rlopt.machine import gpu_absent_reason
+
+
+def _unavailable(facts: dict[str, Any]) -> str | None:
+    return module_missing("tensorrt") or gpu_absent_reason()
+
+
+BACKEND = Backend(
+    name="tensorrt", module="tensorrt",
+    runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
+    build="rlopt.backends.tensorrt.build:build_engine",
+    unavailable=_unavailable, threads=lambda facts: "GPU",
+    triton_platform=("tensorrt_plan", "model.plan"), native=True)

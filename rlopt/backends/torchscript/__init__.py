@@ -1,0 +1,20 @@
+"""TorchScript: the scripted module itself, served by libtorch (and Triton's pytorch_libtorch)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rlopt.backends.base import Backend, module_missing
+
+
+def _threads(facts: dict[str, Any]) -> int | str:
+    return int(os.environ.get("OMP_NUM_THREADS", "0")) or "torch default"
+
+
+BACKEND = Backend(
+    name="torchscript", module="torch",
+    runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
+    build="rlopt.backends.torchscript.build:build_torchscript",
+    unavailable=lambda facts: module_missing("torch"), threads=_threads,
+    triton_platform=("pytorch_libtorch", "model.pt"))

@@ -1,0 +1,1 @@
+"""`rlopt compile`: recipe -> stages -> verified artifacts -> sealed manifest in MODEL_DIR."""
