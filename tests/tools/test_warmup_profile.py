@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -75,9 +76,9 @@ def test_chatbot_profile_is_the_reference_mix() -> None:
 
 def test_the_profile_module_does_not_import_the_recipe_module() -> None:
     """rlopt.recipe imports the profile module (a recipe's `warmup_profile`): the reverse would be a cycle."""
-    code = ("import sys; import rlopt.tools.warmup.profile; "
-            "print(sorted(m for m in sys.modules if m.startswith('rlopt')))")
+    code = ("import json, sys; import rlopt.tools.warmup.profile; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('rlopt'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
-    loaded = eval(proc.stdout)  # a printed list of module names
+    loaded = json.loads(proc.stdout)
     assert "rlopt.recipe" not in loaded and "rlopt.tools.warmup.driver" not in loaded, loaded
