@@ -155,17 +155,19 @@ def warmup_command(
     from rich.markup import escape
 
     from rlopt.errors import UsageError
-    from rlopt.render import stderr, stdout
-    from rlopt.warmup import LiveDisplay, report_table, run_warmup
+    from rlopt.logs import native_output_to_log
+    from rlopt.render import native_log_note, stderr, stdout
+    from rlopt.render.warmup import monitor_for, report_table
+    from rlopt.tools.warmup.driver import run_warmup
 
     if model_dir is not None and model_dir_option is not None and model_dir != model_dir_option:
         raise UsageError(f"MODEL_DIR {model_dir} and --model_dir {model_dir_option} differ; fix: give one of them")
     target = model_dir or model_dir_option
     if target is None:
         raise UsageError("no MODEL_DIR; fix: rlopt warmup MODEL_DIR --profile P.json (or --model_dir MODEL_DIR)")
-    with LiveDisplay() as live:
+    with native_output_to_log("warmup") as log, monitor_for(stderr) as monitor:
         result = run_warmup(target, profile, duration_s=duration, concurrency=concurrency, backend=backend,
-                            monitor=live)
+                            monitor=monitor)
     report = result.report
     if json_out:
         _print_json(report.model_dump(mode="json"))
@@ -173,6 +175,7 @@ def warmup_command(
         stdout.print(report_table(report))
         if report.files:
             stdout.print(f"wrote {report.files['json']} and {report.files['png']}", markup=False)
+    native_log_note(log)
     for failure in report.failures:
         stderr.print(f"[red]FAIL[/] {escape(failure)}")
     if result.files_error:
@@ -191,19 +194,19 @@ def bench_command(
     json_out: JsonFlag = False,
 ) -> None:
     """Latency of every built backend and the PyTorch / ONNX Runtime baselines, per profile shape, interleaved."""
-    from rich.markup import escape
+    from rlopt.logs import native_output_to_log
+    from rlopt.render import native_log_note, stderr, stdout
+    from rlopt.render.bench import bench_progress, bench_tables
+    from rlopt.tools.bench.driver import run_bench
 
-    from rlopt.bench import bench_tables, run_bench
-    from rlopt.render import stderr, stdout
-
-    with stderr.status("bench: starting") as status:  # transient: a user error stays one line
-        report = run_bench(model_dir, network, recipe, budget_s=budget,
-                           progress=lambda text: status.update(escape(f"bench: {text}")))
+    with native_output_to_log("bench") as log, bench_progress(stderr) as progress:
+        report = run_bench(model_dir, network, recipe, budget_s=budget, progress=progress)
     if json_out:
         _print_json(report.model_dump(mode="json"))
-        return
-    for table in bench_tables(report):
-        stdout.print(table)
+    else:
+        for table in bench_tables(report):
+            stdout.print(table)
+    native_log_note(log)
 
 
 @app.command("tune")

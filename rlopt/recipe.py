@@ -348,7 +348,7 @@ def load_recipe(path: Path | str) -> Recipe:
 def add_warmup_shapes(recipe: Recipe, path: Path) -> None:
     """Append the shapes of the recipe's warmup profile to the `shapes` of the network it drives."""
     from rlopt.errors import ProfileError
-    from rlopt.warmup_profile import read_profile
+    from rlopt.tools.warmup.profile import read_profile
 
     assert recipe.warmup_profile is not None
     profile_path = path.parent / recipe.warmup_profile

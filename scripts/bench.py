@@ -93,7 +93,7 @@ class Roofline:
         """The faster of one core and all cores: small weights do not pay for waking a second thread."""
         if self.binary is None:
             return None
-        from rlopt.bench import usable_cores
+        from rlopt.tools.affinity import usable_cores
 
         return min(self._ask("read", nbytes, threads)[1] for threads in {1, usable_cores()})
 
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     recipes = [r.resolve() for r in args.recipes] or BUNDLED
     started = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
-    from rlopt.bench import usable_cores
+    from rlopt.tools.affinity import usable_cores
     from rlopt.machine import machine_facts
     from rlopt.compile.pipeline import tool_versions
 

@@ -1,9 +1,15 @@
-"""Rich rendering for the CLI: progress on stderr, result tables on stdout."""
+"""Rich rendering for the CLI: progress on stderr, result tables on stdout.
+
+`rlopt.render.bench` and `rlopt.render.warmup` render those tools' reports; the tools themselves never
+import rich. Piped output (a console that is not a terminal, and no COLUMNS in the environment) is
+laid out on a wide console: rich would otherwise wrap every table at 80 columns.
+"""
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,8 +18,24 @@ from rich.table import Table
 
 from rlopt.manifest import Manifest, Parity
 
-stderr = Console(stderr=True)
-stdout = Console()
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from rlopt.logs import NativeLog
+
+PIPED_WIDTH = 1000  # columns of a console that is not a terminal: tables take their natural width
+
+
+def console(stderr: bool = False) -> Console:
+    """A console on stdout (or stderr); wide when it is not a terminal and COLUMNS does not say otherwise."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        made = Console(stderr=stderr, width=PIPED_WIDTH)
+    return made
+
+
+stderr = console(stderr=True)
+stdout = console()
 
 
 class ProgressReporter:
@@ -25,7 +47,7 @@ class ProgressReporter:
                                   console=console, transient=True)
         self._tasks: dict[tuple[str, str], Any] = {}
 
-    def __enter__(self) -> ProgressReporter:
+    def __enter__(self) -> Self:
         self._progress.__enter__()
         return self
 
@@ -113,6 +135,13 @@ def parity_failure_table(manifest: Manifest) -> Table:
             if record.parity.compared == 0:
                 table.add_row(name, backend, "-", "-", "-", "-", "-", "nothing was compared")
     return table
+
+
+def native_log_note(log: NativeLog, console: Console | None = None) -> None:
+    """One dim line on stderr saying where native libraries' own messages went, when they wrote any."""
+    if log.has_output():
+        (console or stderr).print(f"native library messages: {log.path}", markup=False, highlight=False,
+                                  style="dim")
 
 
 def elapsed(start: float) -> str:

@@ -1,4 +1,4 @@
-"""rlopt warmup: profile validation, the report and plot, consistency under load, SLO, Ctrl-C, steady state.
+"""rlopt.tools.warmup.driver: runs on the tiny MODEL_DIR: the report and plot, consistency under load, SLO, Ctrl-C.
 
 Runs use 1-2 s durations on the tiny MODEL_DIR; nothing here asserts a wall-clock threshold.
 """
@@ -9,127 +9,16 @@ import json
 import os
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from rlopt.backends.base import Runner
-from rlopt.errors import ArtifactError, ProfileError, UsageError
-from rlopt.manifest import InputProfile, read_manifest
-from rlopt.recipe import load_recipe
-from rlopt.warmup import LiveStatus, WarmupResult, run_warmup, steady_index
-from rlopt.warmup_profile import check_against, load_profile, read_profile
-from tests.conftest import RECIPES, assert_one_line_error, run_rlopt
-
-PROFILES = RECIPES / "warmup_profiles"
-
-TINY_PROFILE = {
-    "network": "policy",
-    "requests": [
-        {"weight": 0.7, "shapes": {"input0": [1, 1, 32]}},
-        {"weight": 0.2, "shapes": {"input0": [2, 3, 32]}},
-        {"weight": 0.1, "shapes": {"input0": [4, 6, 32]}},
-    ],
-    "duration_s": 1,
-    "concurrency": 2,
-}
-
-
-def write_profile(folder: Path, document: Any, name: str = "tiny.json") -> Path:
-    path = folder / name
-    path.write_text(document if isinstance(document, str) else json.dumps(document))
-    return path
-
-
-def with_changes(**changes: Any) -> dict[str, Any]:
-    return json.loads(json.dumps(TINY_PROFILE)) | changes
-
-
-# ---------------------------------------------------------------------------------------------------- the profile
-
-
-@pytest.mark.parametrize(("document", "field", "needle"), [
-    (with_changes(network="critic"), "network", "use one of: policy, value"),
-    (with_changes(requests=[{"weight": 1, "shapes": {"obs": [1, 1, 32]}}]), "requests.0.shapes.obs", "no input 'obs'"),
-    (with_changes(requests=[{"weight": 1, "shapes": {"input0": [1, 7, 32]}}]), "requests.0.shapes.input0",
-     "dim 1 is 7, allowed [1, 6]"),
-    (with_changes(requests=[{"weight": 1, "shapes": {"input0": [1, 32]}}]), "requests.0.shapes.input0", "rank 2"),
-    (with_changes(requests=[{"weight": 1, "shapes": {}}]), "requests.0.shapes", "give the shape of every input"),
-    (with_changes(requests=[{"weight": 0, "shapes": {"input0": [1, 1, 32]}}]), "requests.0.weight", "greater than 0"),
-    (with_changes(requests=[{"weight": -1, "shapes": {"input0": [1, 1, 32]}}]), "requests.0.weight",
-     "greater than 0"),
-    (with_changes(requests=[]), "requests", "at least 1 item"),
-    (with_changes(slo={"p99_ms": 0}), "slo.p99_ms", "greater than 0"),
-    (with_changes(concurrency=0), "concurrency", "greater than or equal to 1"),
-    (with_changes(durations=5), "durations", "unknown field"),
-    ("{\"network\": \"policy\",", "line 1", "invalid JSON"),
-    ("[1, 2]", "(top level)", "expected a JSON object"),
-])
-def test_profile_errors_name_file_and_field(tiny_compiled: Path, tmp_path: Path, document: Any, field: str,
-                                            needle: str) -> None:
-    path = write_profile(tmp_path, document)
-    with pytest.raises(ProfileError) as caught:
-        load_profile(path, read_manifest(tiny_compiled), tiny_compiled)
-    message = str(caught.value)
-    assert message.startswith(f"{path}: {field}"), message
-    assert needle in message and "fix:" in message and "\n" not in message
-
-
-def test_missing_profile_file(tmp_path: Path) -> None:
-    with pytest.raises(ProfileError, match="warmup profile not found; fix: check the --profile path"):
-        read_profile(tmp_path / "nope.json")
-
-
-@pytest.mark.parametrize(("profile", "recipe"), [("chatbot.json", "policy_value_heads.yaml"),
-                                                 ("ppo_mlp.json", "ppo_mlp.yaml"),
-                                                 ("atari_cnn.json", "atari_cnn.yaml")])
-def test_bundled_profiles_fit_their_recipes(profile: str, recipe: str) -> None:
-    """Each shipped profile names a network of its recipe and shapes inside its [min, max]."""
-    spec = load_recipe(RECIPES / recipe)
-    networks = {name: SimpleNamespace(inputs={i: InputProfile(dtype=s.dtype, min=s.dims("min"), opt=s.dims("opt"),
-                                                              max=s.dims("max")) for i, s in net.inputs.items()})
-                for name, net in spec.networks.items()}
-    parsed = read_profile(PROFILES / profile)
-    check_against(parsed, SimpleNamespace(networks=networks), PROFILES / profile, recipe)  # type: ignore[arg-type]
-    assert len(parsed.distinct_shapes()) == 3
-
-
-def test_chatbot_profile_is_the_reference_mix() -> None:
-    parsed = read_profile(PROFILES / "chatbot.json")
-    assert parsed.network == "policy"
-    assert [r.shapes["input0"] for r in parsed.requests] == [[1, 1, 768], [4, 8, 768], [8, 16, 768]]
-
-
-# ---------------------------------------------------------------------------------------------------- steady state
-
-
-def test_steady_state_found_after_a_cold_start() -> None:
-    rng = np.random.default_rng(0)
-    cold = np.linspace(10e-3, 2e-3, 100)
-    warm = 1e-3 + rng.uniform(0, 1e-4, 900)
-    index, final_p99, note = steady_index(np.concatenate([cold, warm]))
-    assert index is not None and 80 <= index <= 150, index
-    assert final_p99 is not None and 1e-3 <= final_p99 <= 1.1e-3 and note == ""
-
-
-def test_flat_latency_is_steady_from_the_start() -> None:
-    index, _, _ = steady_index(np.full(500, 1e-3))
-    assert index == 0
-
-
-def test_latency_still_rising_is_not_steady() -> None:
-    index, final_p99, note = steady_index(np.linspace(1e-3, 5e-3, 500))
-    assert index is None and final_p99 is not None and "still moving" in note
-
-
-def test_too_few_requests_is_not_steady() -> None:
-    index, final_p99, note = steady_index(np.full(10, 1e-3))
-    assert index is None and final_p99 is None and "too few requests" in note
-
-
-# ---------------------------------------------------------------------------------------------------- runs
+from rlopt.errors import ArtifactError, UsageError
+from rlopt.tools.warmup import LiveStatus, WarmupResult, run_warmup
+from tests.conftest import assert_one_line_error, run_rlopt
+from tests.tools.common import TINY_PROFILE, with_changes, write_profile
 
 
 def check_report_structure(document: dict[str, Any], model_dir: Path) -> None:
@@ -164,14 +53,6 @@ def test_reference_spelling_runs_writes_report_and_plot_and_verify_still_passes(
     verify = run_rlopt("verify", str(tiny_copy), "--json")
     assert verify.returncode == 0 and json.loads(verify.stdout)["passed"], verify.stdout
 
-
-def test_positional_model_dir_and_human_table(tiny_copy: Path, tmp_path: Path) -> None:
-    profile = write_profile(tmp_path, TINY_PROFILE)
-    proc = run_rlopt("warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1", "--backend",
-                     "torchscript")
-    assert proc.returncode == 0, proc.stderr
-    assert "warmup policy on torchscript" in proc.stdout and "1x1x32" in proc.stdout
-    assert "consistency: ok" in proc.stdout
 
 
 @pytest.mark.parametrize("args", [
@@ -321,10 +202,3 @@ def test_a_runtime_that_pins_load_threads_is_reported(tiny_compiled: Path, tmp_p
     assert "narrowed the CPU affinity" in result.report.warnings[0]
 
 
-def test_a_busier_machine_later_is_not_a_cold_start() -> None:
-    """Fast early requests followed by a slower tail (neighbours got busy) leave steady state at the start."""
-    rng = np.random.default_rng(1)
-    latencies = 1e-3 + rng.uniform(0, 1e-4, 1000)
-    latencies[rng.choice(np.arange(800, 1000), 8, replace=False)] = 5e-3  # spikes only in the final window
-    index, _, _ = steady_index(latencies)
-    assert index == 0

@@ -1,0 +1,308 @@
+"""Bench candidates: which to run (in the parent, from the manifest alone) and how a worker opens each one.
+
+Candidates, per network:
+- each backend built, verified and runnable here, through `rlopt.load` (numpy in, numpy out: what
+  users call), and `rlopt.load(..., backend="auto")`, which shows what auto gives at each shape;
+- PyTorch eager: the model rebuilt from the recipe. A MODEL_DIR does not hold model code, and a
+  recipe's file factory is relative to the ORIGINAL recipe, so eager needs `--recipe` (the one
+  given to `rlopt compile`); its `model` section must equal MODEL_DIR/recipe.yaml's and the
+  rebuilt module must reproduce reference.npz, else eager is skipped with the reason. A factory
+  given as an importable module (`pkg.module:callable`) needs no `--recipe`;
+- the TorchScript module (model.ts) called directly with torch tensors;
+- `torch.compile` of the eager module (inductor; its compile time is reported, not timed);
+- ONNX Runtime on the exported model.onnx with ORT_ENABLE_ALL at 1 intra-op thread and at all
+  usable cores.
+Torch candidates get torch tensors made once per shape (`torch.from_numpy`, no copy), ONNX Runtime
+candidates numpy arrays: each is called the way its users call it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlopt.errors import ArtifactError, BackendUnavailable, RloptError, UsageError, located
+from rlopt.lazy import require
+from rlopt.manifest import Manifest, NetworkRecord, checked_file, read_manifest
+from rlopt.reference import Reference
+from rlopt.backends import unavailable_reason
+from rlopt.tools.affinity import usable_cores
+from rlopt.tools.bench.schema import Skip
+
+Call = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    """What a worker builds, picklable: `kind` picks the opener (see OPENERS), the rest are its arguments.
+
+    kind "factory" calls `factory` ("module:function", taking the spec and returning an OpenCandidate): a way
+    to bench something rlopt does not know (tests use it for a candidate that crashes its process).
+    """
+
+    name: str
+    group: str
+    note: str
+    kind: str
+    model_dir: str
+    network: str
+    backend: str | None = None
+    threads: int | None = None
+    recipe: str | None = None
+    factory: str | None = None
+
+
+@dataclass
+class OpenCandidate:
+    """A candidate opened in its worker: `prepare(feeds)` returns a zero-argument call bound to those inputs."""
+
+    prepare: Callable[[dict[str, np.ndarray]], Call]
+    close: Callable[[], None] = lambda: None
+    threads: int | None = None
+    backend: str | None = None
+    flop_module: Any = None  # a torch module FlopCounterMode can count
+    source: str | None = None  # where the eager module came from
+
+
+def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None, torch_compile: bool,
+                    cores: int, skipped: list[Skip]) -> list[CandidateSpec]:
+    """Every candidate for `network`; those the manifest already rules out go to `skipped` with the reason."""
+    record = manifest.networks[network]
+    common = {"model_dir": str(model_dir), "network": network, "recipe": str(recipe) if recipe else None}
+    specs = []
+    for backend, artifact in record.artifacts.items():
+        label = f"rlopt {backend}"
+        if artifact.skipped:
+            skipped.append(Skip(candidate=label, reason=artifact.skipped))
+            continue
+        if not artifact.verified:
+            skipped.append(Skip(candidate=label, reason="failed verification at compile time"))
+            continue
+        reason = unavailable_reason(backend, artifact.facts)
+        if reason is not None:
+            skipped.append(Skip(candidate=label, reason=reason))
+            continue
+        selected = " (selected by auto)" if backend == record.selected else ""
+        specs.append(CandidateSpec(label, "rlopt", f"rlopt.load(..., backend='{backend}').run{selected}", "rlopt",
+                                   backend=backend, **common))
+    specs.append(CandidateSpec("rlopt auto", "rlopt", "rlopt.load(..., backend='auto').run", "rlopt",
+                               backend="auto", **common))
+    specs.append(CandidateSpec("pytorch eager", "baseline", "the nn.Module from the recipe", "eager", **common))
+    if "model.ts" in record.files:
+        specs.append(CandidateSpec("torchscript module", "baseline", "torch.jit.load(model.ts), torch tensors",
+                                   "torchscript", **common))
+    else:
+        skipped.append(Skip(candidate="torchscript module", reason="manifest.json lists no model.ts"))
+    if torch_compile:
+        specs.append(CandidateSpec("torch.compile", "baseline", "torch.compile(eager) (inductor, default mode)",
+                                   "torch.compile", **common))
+    else:
+        skipped.append(Skip(candidate="torch.compile", reason="not requested"))
+    if "model.onnx" not in record.files:
+        skipped.append(Skip(candidate="onnxruntime", reason="manifest.json lists no model.onnx"))
+        return specs
+    for threads in sorted({1, cores}):
+        label = f"onnxruntime {threads} thread" + ("s" if threads > 1 else "")
+        specs.append(CandidateSpec(label, "baseline", f"model.onnx, ORT_ENABLE_ALL, intra_op_num_threads={threads}",
+                                   "onnxruntime", threads=threads, **common))
+    return specs
+
+
+def check_recipe(model_dir: Path, manifest: Manifest, recipe: Path) -> None:
+    """--recipe must be the recipe MODEL_DIR was compiled from: same `model` section (factory, kwargs, weights)."""
+    from rlopt.recipe import load_recipe
+
+    if not recipe.is_file():
+        raise UsageError(located(recipe, "--recipe", "recipe not found", "give the recipe passed to 'rlopt compile'"))
+    stored_path = checked_file(model_dir, manifest.recipe)
+    if load_recipe(recipe).model != load_recipe(stored_path).model:
+        raise UsageError(located(recipe, "model", f"differs from the model MODEL_DIR was compiled from "
+                                 f"({stored_path})", "pass the recipe given to 'rlopt compile'"))
+
+
+def _torch_call(module: Any, input_names: list[str]) -> Callable[[dict[str, np.ndarray]], Call]:
+    torch = require("torch")
+
+    def prepare(feeds: dict[str, np.ndarray]) -> Call:
+        tensors = [torch.from_numpy(feeds[name]) for name in input_names]
+
+        def call() -> object:
+            with torch.inference_mode():
+                return module(*tensors)
+
+        return call
+
+    return prepare
+
+
+def eager_module(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None) -> tuple[Any, str]:
+    """The eager PyTorch network and where it came from; raises BackendUnavailable with the reason when it cannot."""
+    from rlopt.recipe import load_recipe
+    from rlopt.stages.load_model import build_model, submodule
+
+    stored_path = checked_file(model_dir, manifest.recipe)
+    stored = load_recipe(stored_path)
+    if recipe is not None:
+        check_recipe(model_dir, manifest, recipe)
+        source_path, source = Path(recipe), f"recipe {recipe}"
+    else:
+        target = stored.model.factory.rpartition(":")[0]
+        if target.endswith(".py") or "/" in target or stored.model.checkpoint:
+            raise BackendUnavailable(
+                f"needs the model code: the factory '{stored.model.factory}'"
+                + (" and checkpoint are" if stored.model.checkpoint else " is")
+                + " relative to the original recipe; pass --recipe RECIPE")
+        source_path, source = stored_path, f"importable factory {stored.model.factory}"
+    try:
+        model, _ = build_model(stored.model, source_path)
+    except RloptError as exc:
+        raise BackendUnavailable(f"cannot rebuild the model from {source}: {exc}") from None
+    module = submodule(model, manifest.networks[network].module, source_path, network)
+    return module, source
+
+
+def _check_eager(module: Any, record: NetworkRecord, reference: Reference) -> None:
+    """The rebuilt module must reproduce the recorded outputs, or it is not the model that was compiled."""
+    from rlopt.verify import check_parity, tolerance_of
+
+    torch = require("torch")
+    names = list(record.inputs)
+
+    def infer(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with torch.inference_mode():
+            result = module(*[torch.from_numpy(feeds[n]) for n in names])
+        flat = list(result) if isinstance(result, (tuple, list)) else [result]
+        return [t.detach().numpy() for t in flat]
+
+    parity = check_parity(infer, reference, record.kind, record.distribution, tolerance_of(record))
+    if not parity.passed:
+        raise BackendUnavailable(f"the rebuilt model does not reproduce reference.npz (max_abs {parity.max_abs:.2e}): "
+                                 "its code or weights changed since compile")
+
+
+def _checked_eager(spec: CandidateSpec) -> tuple[Any, str, list[str]]:
+    """The eager module, checked against reference.npz, its source and input names (for eager and torch.compile)."""
+    model_dir = Path(spec.model_dir)
+    manifest = read_manifest(model_dir)
+    record = manifest.networks[spec.network]
+    module, source = eager_module(model_dir, manifest, spec.network, Path(spec.recipe) if spec.recipe else None)
+    _check_eager(module, record, load_reference(model_dir, record))
+    return module, source, list(record.inputs)
+
+
+def _open_eager(spec: CandidateSpec) -> OpenCandidate:
+    module, source, names = _checked_eager(spec)
+    return OpenCandidate(_torch_call(module, names), threads=require("torch").get_num_threads(), flop_module=module,
+                         source=source)
+
+
+def _open_torch_compile(spec: CandidateSpec) -> OpenCandidate:
+    torch = require("torch")
+    try:
+        module, source, names = _checked_eager(spec)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"needs the eager model (see pytorch eager): {exc}") from None
+    compiled = torch.compile(module)
+    return OpenCandidate(_torch_call(compiled, names), lambda: torch._dynamo.reset(), torch.get_num_threads(),
+                         source=source)
+
+
+def _open_torchscript(spec: CandidateSpec) -> OpenCandidate:
+    torch = require("torch")
+    model_dir = Path(spec.model_dir)
+    record = read_manifest(model_dir).networks[spec.network]
+    scripted = torch.jit.load(str(checked_file(model_dir, record.files["model.ts"])), map_location="cpu").eval()
+    return OpenCandidate(_torch_call(scripted, list(record.inputs)), threads=torch.get_num_threads(),
+                         flop_module=scripted)
+
+
+def _open_onnxruntime(spec: CandidateSpec) -> OpenCandidate:
+    ort = require("onnxruntime")
+    model_dir = Path(spec.model_dir)
+    record = read_manifest(model_dir).networks[spec.network]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = int(spec.threads or 1)
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(checked_file(model_dir, record.files["model.onnx"])), sess_options=options,
+                                   providers=["CPUExecutionProvider"])
+
+    def prepare(feeds: dict[str, np.ndarray]) -> Call:
+        return lambda: session.run(None, feeds)
+
+    return OpenCandidate(prepare, threads=spec.threads)
+
+
+def _open_rlopt(spec: CandidateSpec) -> OpenCandidate:
+    import rlopt
+
+    try:
+        session = rlopt.load(spec.model_dir, spec.network, spec.backend or "auto")
+    except (ArtifactError, BackendUnavailable) as exc:  # one broken backend must not hide the others' figures
+        raise BackendUnavailable(f"cannot be loaded: {exc}") from None
+    backend = str(getattr(session, "backend", spec.backend))
+    return OpenCandidate(lambda feeds: (lambda: session.run(feeds)), session.close,
+                         _backend_threads(Path(spec.model_dir), spec.network, backend), backend)
+
+
+def _backend_threads(model_dir: Path, network: str, backend: str) -> int | None:
+    """The threads an rlopt backend computes with, where it can be told from outside (None: not known)."""
+    if backend == "tvm" and os.environ.get("TVM_NUM_THREADS", "").isdigit():
+        return int(os.environ["TVM_NUM_THREADS"])  # set by the TVM runner before its pool starts
+    if backend == "torchscript":
+        return int(require("torch").get_num_threads())
+    if backend == "onnxruntime":
+        artifact = read_manifest(model_dir).networks[network].artifacts.get(backend)
+        threads = artifact.facts.get("intra_op_threads") if artifact else None
+        return int(threads) if threads else usable_cores()
+    return None
+
+
+def _open_factory(spec: CandidateSpec) -> OpenCandidate:
+    module_name, _, function = (spec.factory or "").partition(":")
+    opened = getattr(importlib.import_module(module_name), function)(spec)
+    if not isinstance(opened, OpenCandidate):
+        raise TypeError(f"{spec.factory} returned {type(opened).__name__}, not an OpenCandidate")
+    return opened
+
+
+OPENERS: dict[str, Callable[[CandidateSpec], OpenCandidate]] = {
+    "rlopt": _open_rlopt, "eager": _open_eager, "torch.compile": _open_torch_compile,
+    "torchscript": _open_torchscript, "onnxruntime": _open_onnxruntime, "factory": _open_factory}
+
+
+def load_reference(model_dir: Path, record: NetworkRecord) -> Reference:
+    return Reference.load(checked_file(model_dir, record.reference), list(record.inputs), record.outputs)
+
+
+def count_gflop(module: Any, input_names: list[str], feeds: dict[str, np.ndarray]) -> float | None:
+    """FLOPs of one call (torch's FlopCounterMode: matmul / conv families), in GFLOP; None when it cannot tell."""
+    torch = require("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with FlopCounterMode(display=False) as counter, torch.inference_mode():
+            module(*[torch.from_numpy(feeds[n]) for n in input_names])
+    except Exception:  # noqa: BLE001 -- counting is a nicety; any failure just means "unknown"
+        return None
+    total = counter.get_total_flops()
+    return total / 1e9 if total else None
+
+__all__ = [
+    "OPENERS",
+    "Call",
+    "CandidateSpec",
+    "OpenCandidate",
+    "candidate_specs",
+    "check_recipe",
+    "count_gflop",
+    "eager_module",
+    "load_reference",
+]

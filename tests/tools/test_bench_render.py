@@ -1,0 +1,44 @@
+"""`rlopt bench` through the CLI: the human tables (readable when piped) and one-line user errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlopt.render.bench import bench_tables
+from rlopt.tools.bench import BenchReport, CandidateResult, NetworkBench, ShapeBench, Skip
+from tests.conftest import assert_one_line_error, run_rlopt
+from tests.tools.common import run_piped
+
+
+def test_human_table(tiny_compiled: Path) -> None:
+    """Piped, with no COLUMNS: the table takes its natural width (rich would wrap it at 80) and the progress
+    goes to stderr as plain lines."""
+    proc = run_piped("bench", str(tiny_compiled), "--network", "policy", "--budget", "0.05")
+    assert proc.returncode == 0, proc.stderr
+    assert "x ORT best" in proc.stdout and "onnxruntime 1 thread" in proc.stdout and "not run:" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) > 80, proc.stdout
+    assert "policy: median / p99 per call, x = median / best ONNX Runtime median" in proc.stdout
+    assert proc.stdout.endswith("\n") and "\r" not in proc.stdout + proc.stderr and "\x1b" not in proc.stdout
+    progress = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert progress and all(line.startswith(("bench: ", "native library messages: ")) for line in progress), progress
+
+
+def test_unknown_network_is_one_line_exit_2(tiny_compiled: Path) -> None:
+    proc = run_rlopt("bench", str(tiny_compiled), "--network", "critic")
+    assert_one_line_error(proc, 2, "networks", "no network 'critic'")
+
+
+def test_tables_mark_the_fastest_and_list_what_did_not_run() -> None:
+    row = CandidateResult(candidate="rlopt tvm", group="rlopt", median_us=1500.0, p99_us=2500.0, mean_us=1600.0,
+                          calls=70, ratio_to_ort_best=0.5, gflops_per_s=None, first_call_ms=3.0)
+    shape = ShapeBench(point="opt", shape={"input0": [2, 3, 32]}, gflop=None, rounds=10, ort_best=None,
+                       results=[row])
+    report = BenchReport(created_at="now", model_dir="m", budget_s=1.0, method="m", machine={}, versions={},
+                         networks=[NetworkBench(network="policy", eager_source=None, candidates={},
+                                                skipped=[Skip(candidate="pytorch eager", reason="needs [the recipe]")],
+                                                shapes=[shape])], warnings=["pinned"])
+    [table] = bench_tables(report)
+    assert table.row_count == 1 and "[bold green]rlopt tvm[/]" in table.columns[1]._cells
+    assert table.columns[2]._cells == ["1.50 ms"] and table.columns[4]._cells == ["0.50"]
+    assert "not run: pytorch eager: needs \\[the recipe]" in str(table.caption) and "WARNING: pinned" in str(
+        table.caption)

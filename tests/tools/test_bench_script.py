@@ -1,0 +1,45 @@
+"""scripts/bench.py: the README's tables over the bundled recipes (its pure helpers and the roofline probe)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _bench_script() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlopt_bench_script", Path(__file__).parents[2] / "scripts" / "bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_target_needs_reads_a_target_as_shares_of_the_machines_roofs() -> None:
+    script = _bench_script()
+    # opt: 0.6 x 100 us = 60 us; 0.03 GFLOP in 60 us = 500 GFLOP/s = 125% of a 400 GFLOP/s peak; a 15 us read = 25%
+    assert script.target_needs("opt", 100.0, 0.03, 400.0, 15.0) == "60.0 us (125% of FMA peak, 25% on reading the weights)"
+    assert script.target_needs("min", 10.0, None, None, None) == "3.5 us"
+    assert script.target_needs("extra", 10.0, 0.1, 400.0, 1.0) == "-"  # shapes without a target
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build scripts/roofline.c")
+def test_roofline_measures_a_peak_and_a_cache_read_that_grows_with_size(tmp_path: Path) -> None:
+    script = _bench_script()
+    roofline = script.Roofline(tmp_path)
+    assert roofline.binary is not None, roofline.reason
+    assert roofline.peak_gflops(1) > 1.0
+    small, large = roofline.read_us(64 * 1024), roofline.read_us(8 * 1024 * 1024)
+    assert 0 < small < large
+
+
+def test_roofline_without_a_compiler_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _bench_script()
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    roofline = script.Roofline(tmp_path)
+    assert roofline.binary is None and "no C compiler" in roofline.reason
+    assert roofline.peak_gflops(2) is None and roofline.read_us(1024) is None
