@@ -144,7 +144,8 @@ class ParityAccumulator:
             stats.reason = stats.reason or (f"output '{stats.name}' at {index} is {out64[index]} where PyTorch gives "
                                             f"{ref64[index]}{self._at()}: infinities must match in place and sign")
         finite = np.isfinite(ref64) & np.isfinite(out64)
-        diff = np.where(finite, np.abs(ref64 - out64), 0.0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(finite, np.abs(ref64 - out64), 0.0)
         scale = np.where(finite, np.abs(ref64), 0.0)
         worst = np.inf if (inf_mismatch.any() or (out_nan & ~ref_nan).any()) else 0.0
         stats.max_abs = max(stats.max_abs, float(diff.max(initial=0)), worst)
