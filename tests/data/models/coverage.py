@@ -242,7 +242,14 @@ class Float64QNetwork(nn.Module):
         return self.q(obs.float())
 
 
-LAYERS = ("linear", "relu", "tanh", "gelu", "layernorm", "elu", "sigmoid", "softplus")
+LAYERS = ("linear", "relu", "tanh", "gelu", "layernorm", "elu", "sigmoid", "softplus", "log")
+
+
+class Log(nn.Module):
+    """log(x): NaN for negative inputs, so a random network can fail parity with a NaN in PyTorch's output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
 
 
 class RandomNet(nn.Module):
@@ -264,7 +271,7 @@ class RandomNet(nn.Module):
                 modules.append(nn.LayerNorm(size))
             else:
                 modules.append({"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "elu": nn.ELU,
-                                "sigmoid": nn.Sigmoid, "softplus": nn.Softplus}[name]())
+                                "sigmoid": nn.Sigmoid, "softplus": nn.Softplus, "log": Log}[name]())
         modules.append(nn.Linear(size, n_out))
         self.body = nn.Sequential(*modules)
 
