@@ -24,6 +24,7 @@ from rlopt.parity import run_parity
 from rlopt.pipeline import compile_recipe
 from rlopt.reference import Reference
 from rlopt.verify import tolerance_of, verify_model_dir
+from tests.conftest import assert_one_line_error, run_rlopt
 from tests.data.models.coverage import ARCHITECTURES, LAYERS, recipe_for
 
 MODELS = Path(__file__).resolve().parent / "data" / "models" / "coverage.py"
@@ -176,3 +177,15 @@ def test_architecture_compiles_on_every_backend(tmp_path: Path, name: str) -> No
     assert network.selected is not None
     if network.artifacts["tvm"].skipped and "LSTM" in (network.artifacts["tvm"].skipped or ""):
         assert "no converter for LSTM" in network.artifacts["tvm"].skipped
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_network_it_cannot_export_faithfully_in_one_line(tmp_path: Path) -> None:
+    document = recipe_for("gru_cell_state", FAST)
+    document["model"]["factory"] = "models/coverage.py:GruCellWithBatchBranch"
+    recipe = write_recipe(tmp_path, document)
+    proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--json")
+    line = assert_one_line_error(proc, 2, "networks.net", "prim::ListConstruct", "fix:")
+    if PIPELINE_TRACES:
+        assert "would freeze the data-dependent if at coverage.py:" in line
+    assert proc.stdout == ""

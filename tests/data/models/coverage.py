@@ -192,6 +192,18 @@ class GruCellActor(nn.Module):
         return self.head(h_new), h_new
 
 
+class GruCellWithBatchBranch(GruCellActor):
+    """Not compilable: the scripted GRUCell is refused by the TorchScript exporter, and the branch on the batch
+    size forbids the trace fallback (a trace would freeze it). Refused in one line (exit 2)."""
+
+    def forward(self, obs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if obs.size(0) > 1:
+            h_new = self.cell(obs, h)
+        else:
+            h_new = self.cell(obs, h) * 1.0
+        return self.head(h_new), h_new
+
+
 class LstmSequence(nn.Module):
     """nn.LSTM over a [batch, seq, obs] window (batch_first), a head per step, state in and out."""
 
