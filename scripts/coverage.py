@@ -6,7 +6,7 @@ as a user would, and the outcome per backend goes into a Markdown table (archite
 line. Also: which export path made the ONNX model (script, or the trace after the scripted graph's op was
 refused) and that op.
 
-usage: python scripts/coverage.py [--out docs/coverage.md] [--work-dir DIR] [--backend B]... [NAME ...]
+usage: python scripts/coverage.py [--out docs/coverage.md] [--work-dir DIR] [--backend B]... [--note TEXT] [NAME ...]
 """
 
 from __future__ import annotations
@@ -61,7 +61,20 @@ def _short_path(text: str, work: Path) -> str:
     return text.replace(str(work) + "/", "")
 
 
-def render(outcomes: list[dict[str, Any]], backends: list[str], work: Path) -> str:
+KNOWN_LIMITS = [
+    "TVM (Relax 0.27's ONNX frontend) has no converter for LSTM, GRU, RNN, Loop or Scan: TVM is skipped with the "
+    "op named; the other backends go on.",
+    "nn.TransformerEncoder and nn.GRUCell, scripted, are refused by the TorchScript ONNX exporter "
+    "(aten::is_autocast_enabled, prim::ListConstruct); the eager module is traced instead (`export_path: trace`). "
+    "The trace keeps the batch dim dynamic but freezes a dynamic sequence dim of the encoder: give the "
+    "context window as a static dim (as Decision Transformer pads to K), or the parity gate fails that shape.",
+    "The trace fallback is refused (exit 2, one line naming the branch) when the network's own code branches "
+    "or loops on its inputs' values or shapes; torch's internal checks and branches on attributes are fine.",
+    "TensorRT needs an NVIDIA GPU and NVIDIA's own wheel index; where absent it is skipped with the reason.",
+]
+
+
+def render(outcomes: list[dict[str, Any]], backends: list[str], work: Path, note: str = "") -> str:
     lines = [
         "# Coverage matrix: policy architectures x backends",
         "",
@@ -70,6 +83,7 @@ def render(outcomes: list[dict[str, Any]], backends: list[str], work: Path) -> s
         f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.",
         "verified = every recorded sample at min, opt and max (batch 1 and > 1; recurrent networks: every step, "
         "the state fed back) matched PyTorch within the recipe's tolerances (contract section 7).",
+        *([note] if note else []),
         "",
         "| architecture | export | " + " | ".join(backends) + " | exit | s |",
         "|---|---|" + "---|" * len(backends) + "---|---|",
@@ -111,7 +125,8 @@ def render(outcomes: list[dict[str, Any]], backends: list[str], work: Path) -> s
     if any("script*" in line for line in lines):
         lines += ["", "script*: this rlopt's manifest does not record the export stage's facts (`export_path`, "
                   "`refused`); the pipeline then exports from the scripted module only."]
-    lines += ["", "Notes:", ""] + [f"{i}. {_cell(note)}" for i, note in enumerate(notes, 1)]
+    lines += ["", "Notes:", ""] + [f"{i}. {_cell(text)}" for i, text in enumerate(notes, 1)]
+    lines += ["", "Known limits:", ""] + [f"- {text}" for text in KNOWN_LIMITS]
     return "\n".join(lines) + "\n"
 
 
@@ -120,6 +135,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "coverage.md")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--backend", action="append", default=None)
+    parser.add_argument("--note", default="", help="a line to add under the title (e.g. what was applied)")
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
     names = args.names or list(ARCHITECTURES)
@@ -132,7 +148,7 @@ def main() -> None:
               + (f" ({outcome['error']})" if "error" in outcome else ""), file=sys.stderr)
         outcomes.append(outcome)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(outcomes, backends, work))
+    args.out.write_text(render(outcomes, backends, work, args.note))
     print(f"wrote {args.out}", file=sys.stderr)
 
 
