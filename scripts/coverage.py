@@ -125,7 +125,8 @@ def render(outcomes: list[dict[str, Any]], backends: list[str], work: Path, note
     if any("script*" in line for line in lines):
         lines += ["", "script*: this rlopt's manifest does not record the export stage's facts (`export_path`, "
                   "`refused`); the pipeline then exports from the scripted module only."]
-    lines += ["", "Notes:", ""] + [f"{i}. {_cell(text)}" for i, text in enumerate(notes, 1)]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"{i}. {_cell(text)}" for i, text in enumerate(notes, 1)]
     lines += ["", "Known limits:", ""] + [f"- {text}" for text in KNOWN_LIMITS]
     return "\n".join(lines) + "\n"
 
