@@ -42,7 +42,9 @@ def compile_one(work: Path, name: str, backends: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "rlopt", "compile", str(recipe), "-o", str(folder / "out"),
                            "--json", "--no-cache"], capture_output=True, text=True, cwd=folder,
-                          env=dict(os.environ, COLUMNS="200"), timeout=900)
+                          env=dict(os.environ, COLUMNS="200",  # this checkout's rlopt, whatever is installed
+                                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))),
+                          timeout=900)
     outcome: dict[str, Any] = {"name": name, "exit": proc.returncode, "seconds": time.perf_counter() - started}
     if proc.returncode in (0, 1) and proc.stdout.strip():
         outcome["report"] = json.loads(proc.stdout)
