@@ -24,9 +24,11 @@ META_STATE = "meta:state"
 DEFAULT_INTEGER_RANGE = (0, 9)
 
 
-def is_mask(name: str) -> bool:
-    """A bool input named like an action mask gets at least one True (legal action) per row."""
-    return "mask" in name.lower()
+def is_mask(name: str, shape: list[int]) -> bool:
+    """A bool input named like a mask, or shaped like one ([..., n] with n > 1 after a batch dim), is sampled
+    with at least one True (legal action) per row: a row with no legal action is no policy input. A bool of
+    shape [batch] (a flag such as `done`) is sampled freely."""
+    return "mask" in name.lower() or (len(shape) >= 2 and shape[-1] > 1)
 
 
 def random_input(rng: np.random.Generator, spec: Any, shape: list[int], *, name: str = "",
@@ -35,7 +37,7 @@ def random_input(rng: np.random.Generator, spec: Any, shape: list[int], *, name:
     dtype = np.dtype(spec.dtype)
     if dtype == np.bool_:
         values = rng.integers(0, 2, size=shape).astype(np.bool_)
-        if is_mask(name) and values.ndim and values.shape[-1]:
+        if is_mask(name, list(shape)) and values.ndim and values.shape[-1]:
             rows = values.reshape(-1, values.shape[-1])
             pick = rng.integers(0, values.shape[-1], size=rows.shape[0])
             rows[np.arange(rows.shape[0]), pick] = True  # a row with no legal action is no policy input

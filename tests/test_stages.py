@@ -309,6 +309,10 @@ def test_reference_sampling_by_dtype_range_embedding_and_mask(tmp_path: Path) ->
                          outputs=["logits"], kind="policy")
     reference = record_reference(MaskedPolicy(), masked, 8, 0, recipe_path=tmp_path / "r.yaml", network="net")
     assert reference.arrays["min:in:action_mask"].any(axis=-1).all(), "at least one legal action per row"
+    flag = NetworkSpec(inputs={"done": {"dtype": "bool", "shape": [4096]}}, outputs=["o"]).inputs["done"]
+    assert not random_input(rng, flag, [4096]).all(), "a [batch] flag is sampled freely"
+    legal = random_input(rng, flag, [512, 3], name="legal")
+    assert legal.any(axis=-1).all() and not legal.all(), "shaped like a mask: one True per row at least"
     assert np.isinf(reference.arrays["min:out:logits"]).any()
     reference.save(tmp_path / "reference.npz")
     loaded = Reference.load(tmp_path / "reference.npz", ["obs", "action_mask"], ["logits"])

@@ -230,10 +230,11 @@ def _export(torch: Any, module: Any, spec: NetworkSpec, opset: int, out_path: Pa
         if dynamo:
             from torch.export import Dim
 
-            shapes = {name: {axis: Dim.AUTO for axis in axes} for name, axes in dynamic_axes.items()}
+            # positional (a tuple in forward's argument order): the recipe's input names need not be forward's
+            shapes = tuple({axis: Dim.AUTO for axis in dynamic_axes.get(name, {})} or None for name in spec.inputs)
             torch.onnx.export(module, example_inputs(spec.inputs), str(out_path), dynamo=True,
                               input_names=list(spec.inputs), output_names=list(spec.outputs),
-                              dynamic_shapes={name: shapes.get(name) for name in spec.inputs},
+                              dynamic_shapes=shapes,
                               opset_version=opset, external_data=False)
         else:
             torch.onnx.export(module, example_inputs(spec.inputs), str(out_path), dynamo=False,
