@@ -100,23 +100,37 @@ def test_embedding_ids_are_sampled_over_the_table_and_verify(tmp_path: Path) -> 
 
 @st.composite
 def random_networks(draw: st.DrawFn) -> dict:
+    """A recipe for a random small network: MLP layers from LAYERS behind one of four fronts (plain or
+    embedding ids, a bool action mask, a GRUCell with state, a conv on uint8 frames); sometimes a recipe
+    whose input width disagrees with the module (a user mistake, refused in one line)."""
     layers = draw(st.lists(st.sampled_from(LAYERS), min_size=0, max_size=4))
-    mask = draw(st.booleans())
-    embedding = draw(st.booleans())
+    family = draw(st.sampled_from(["mlp", "masked", "gru", "conv"]))
     kind = draw(st.sampled_from(["policy", "value", "generic"]))
-    width = draw(st.sampled_from([8, 8, 8, 5]))  # 5: the recipe disagrees with the module (a user mistake)
-    obs = {"dtype": "int64", "min": [1, 3], "opt": [2, 3], "max": [4, 3]} if embedding else \
-        {"dtype": "float32", "min": [1, width], "opt": [2, width], "max": [4, width]}
-    inputs = {"x": obs}
-    if mask:
-        inputs["action_mask"] = {"dtype": "bool", "min": [1, 4], "opt": [2, 4], "max": [4, 4]}
+    width = draw(st.sampled_from([8, 8, 8, 5]))  # 5: the recipe disagrees with the module
+    embedding = family in ("mlp", "masked") and draw(st.booleans())
+
+    def batched(*dims: int, dtype: str = "float32") -> dict:
+        return {"dtype": dtype, "min": [1, *dims], "opt": [2, *dims], "max": [4, *dims]}
+
+    inputs = {"x": batched(3, dtype="int64") if embedding else batched(width)}
+    outputs, state, kwargs = ["out"], {}, {"layers": layers, "obs": 8}
+    cls = {"mlp": "RandomNet", "masked": "RandomMaskedNet", "gru": "RandomGruNet", "conv": "RandomConvNet"}[family]
+    if family in ("mlp", "masked"):
+        kwargs["embedding"] = embedding
+    if family == "masked":
+        inputs["action_mask"] = batched(4, dtype="bool")
+    elif family == "gru":
+        inputs["h"] = batched(16)
+        outputs, state = ["out", "h_new"], {"h": "h_new"}
+    elif family == "conv":
+        inputs = {"x": batched(1, 9 if width == 8 else 5, 9, dtype="uint8")}
+    network = {"module": "", "kind": kind, "inputs": inputs, "outputs": outputs, **({"state": state} if state else {})}
     return {
         "name": "random-net",
-        "model": {"factory": f"models/coverage.py:{'RandomMaskedNet' if mask else 'RandomNet'}",
-                  "kwargs": {"layers": layers, "obs": 8, "embedding": embedding}, "seed": draw(st.integers(0, 3))},
-        "networks": {"net": {"module": "", "kind": kind, "inputs": inputs, "outputs": ["out"]}},
+        "model": {"factory": f"models/coverage.py:{cls}", "kwargs": kwargs, "seed": draw(st.integers(0, 3))},
+        "networks": {"net": network},
         "backends": FAST,
-        "verify": {"samples": 2},
+        "verify": {"samples": 2, "steps": 2},
     }
 
 

@@ -300,6 +300,32 @@ class RandomMaskedNet(RandomNet):
         return self.body(features).masked_fill(~action_mask, float("-inf"))
 
 
+class RandomGruNet(RandomNet):
+    """RandomNet, then a GRUCell with state in and out (h [batch, hidden])."""
+
+    def __init__(self, layers: list[str], obs: int = 8, width: int = 16, n_out: int = 4, hidden: int = 16) -> None:
+        super().__init__(layers, obs, width, n_out)
+        self.cell = nn.GRUCell(n_out, hidden)
+        self.out = nn.Linear(hidden, n_out)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        h_new = self.cell(self.body(x), h)
+        return self.out(h_new), h_new
+
+
+class RandomConvNet(RandomNet):
+    """A strided conv on uint8 [batch, 1, 9, 9] frames (/255), projected to `obs`, then RandomNet's layers."""
+
+    def __init__(self, layers: list[str], obs: int = 8, width: int = 16, n_out: int = 4) -> None:
+        super().__init__(layers, obs, width, n_out)
+        self.conv = nn.Conv2d(1, 4, 3, stride=2)
+        self.project = nn.Linear(4 * 4 * 4, obs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.project(torch.flatten(F.relu(self.conv(x.float() / 255.0)), 1))
+        return self.body(features)
+
+
 # name -> (class, kwargs, network fields). Every network is the whole model (module "").
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "sb3_mlp_actor_critic": ("MlpActorCritic", {}, {
