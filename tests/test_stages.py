@@ -340,3 +340,22 @@ def test_reference_records_steps_with_pytorchs_own_state(tmp_path: Path) -> None
     wrong = NetworkSpec(inputs=spec.inputs, outputs=["logits", "h_new"], state={"h": "logits"})
     with pytest.raises(RecipeError, match=r"networks\.net\.state: 'logits' has shape \[1, 4\]"):
         record_reference(module, wrong, 1, 0, recipe_path=tmp_path / "r.yaml", network="net")
+
+
+def test_graph_digest_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """load_model names a recipe's model module after a per-process hash of its path; the digest ignores it."""
+    import importlib.util
+
+    from rlopt.stages.script import graph_sha256
+
+    source = Path(__file__).resolve().parent / "data" / "models" / "coverage.py"
+    digests = set()
+    for suffix in ("12345678", "87654321"):
+        spec = importlib.util.spec_from_file_location(f"rlopt_user_coverage_{suffix}", source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        torch.manual_seed(0)
+        scripted = torch.jit.script(module.MaskedPolicy().eval())
+        assert f"rlopt_user_coverage_{suffix}" in str(scripted.inlined_graph)
+        digests.add(graph_sha256(scripted))
+    assert len(digests) == 1

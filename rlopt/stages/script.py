@@ -44,6 +44,9 @@ def script_network(module: Any, out_path: Path, *, recipe_path: Path, network: s
 
 
 _COMMENT = re.compile(r"\s+#\s.*$", re.MULTILINE)
+# load_model imports a recipe's model file as `rlopt_user_<stem>_<hash of its path>`, and Python's str hash
+# differs per process: the suffix would make the graph digest (and every cache key) differ per process
+_USER_MODULE = re.compile(r"\b(rlopt_user_\w*?)_\d+\b")
 
 
 def _plain(value: Any) -> bool:
@@ -88,7 +91,7 @@ def graph_sha256(scripted: Any) -> str:
     """sha256 of the inlined TorchScript graph (without source comments and mangled names) and the non-tensor
     attributes it reads: the architecture, apart from the weights. A refit keeps this and changes only the weights."""
     graph = scripted.inlined_graph
-    text = _MANGLE.sub("", _COMMENT.sub("", str(graph)))
+    text = _USER_MODULE.sub(r"\1", _MANGLE.sub("", _COMMENT.sub("", str(graph))))
     digest = hashlib.sha256(text.encode())
     for entry in _attribute_values(scripted, graph):
         digest.update(entry.encode())
