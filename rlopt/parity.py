@@ -6,6 +6,7 @@ Returns result objects with statistics; a comparison that compared nothing fails
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,6 +30,29 @@ def categorical_kl(ref_logits: np.ndarray, out_logits: np.ndarray) -> np.ndarray
     """KL(softmax(ref) || softmax(out)) per row (last axis = actions)."""
     log_p, log_q = _log_softmax(ref_logits), _log_softmax(out_logits)
     return (np.exp(log_p) * (log_p - log_q)).sum(axis=-1)
+
+
+def masked_categorical_kl(ref_logits: np.ndarray, out_logits: np.ndarray, legal: np.ndarray) -> np.ndarray:
+    """KL(softmax(ref) || softmax(out)) per row over the `legal` actions only (a row with none gives 0)."""
+    ref = np.where(legal, ref_logits.astype(np.float64), -np.inf)
+    out = np.where(legal, out_logits.astype(np.float64), -np.inf)
+    any_legal = legal.any(axis=-1, keepdims=True)
+    ref = np.where(any_legal, ref, 0.0)
+    out = np.where(any_legal, out, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        log_p, log_q = _log_softmax(ref), _log_softmax(out)
+        terms = np.where(legal | ~any_legal, np.exp(log_p) * (log_p - log_q), 0.0)
+    return np.where(any_legal[..., 0], terms.sum(axis=-1), 0.0)
+
+
+def masked_argmax(logits: np.ndarray, legal: np.ndarray) -> np.ndarray:
+    """argmax over the legal actions (NaN counts as no action)."""
+    values = np.where(legal & ~np.isnan(logits), logits.astype(np.float64), -np.inf)
+    return values.argmax(axis=-1)
+
+
+def _first_index(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
 def gaussian_kl(ref_mean: np.ndarray, ref_log_std: np.ndarray, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
@@ -73,6 +97,7 @@ class ParityAccumulator:
     compared: int = 0
     shapes: list[str] = field(default_factory=list)
     kl_max: float | None = None
+    where: str = ""  # the shape / step being compared, named in failure reasons
 
     def __post_init__(self) -> None:
         self.stats = {name: _OutputStats(name) for name in self.names}
@@ -89,25 +114,48 @@ class ParityAccumulator:
         self.compared += 1
 
     def _elementwise(self, stats: _OutputStats, ref: np.ndarray, out: np.ndarray) -> None:
+        """Contract section 7: |ref - out| <= atol + rtol * |ref| on finite values; infinities equal in place and
+        sign; a NaN in the reference fails (naming the output), a NaN in the output where the reference
+        has a number fails."""
         if ref.shape != out.shape:
-            stats.reason = f"shape {list(out.shape)} but PyTorch gives {list(ref.shape)}"
+            stats.reason = stats.reason or f"shape {list(out.shape)} but PyTorch gives {list(ref.shape)}{self._at()}"
             stats.within = False
             return
-        if ref.dtype.kind in "biu":
+        if ref.dtype.kind in "biu" and out.dtype.kind in "biu":
             diff = np.abs(ref.astype(np.int64) - out.astype(np.int64)).astype(np.float64)
             stats.max_abs = max(stats.max_abs, float(diff.max(initial=0)))
             stats.within &= bool((diff == 0).all())
             return
         ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
-        diff = np.abs(ref64 - out64)
-        diff = np.where(np.isnan(ref64) & np.isnan(out64), 0.0, diff)
-        diff = np.where(np.isnan(diff), np.inf, diff)
-        scale = np.abs(ref64)
-        stats.max_abs = max(stats.max_abs, float(diff.max(initial=0)))
-        stats.max_rel = max(stats.max_rel, float((diff / np.maximum(scale, 1e-12)).max(initial=0)))
+        ref_nan, out_nan = np.isnan(ref64), np.isnan(out64)
+        if ref_nan.any():
+            stats.within = False
+            stats.reason = stats.reason or (f"PyTorch's output '{stats.name}' holds NaN at {_first_index(ref_nan)}"
+                                            f"{self._at()}: nothing to compare against")
+        if (out_nan & ~ref_nan).any():
+            stats.within = False
+            stats.reason = stats.reason or (f"output '{stats.name}' is NaN at {_first_index(out_nan & ~ref_nan)} "
+                                            f"where PyTorch gives a number{self._at()}")
+        ref_inf, out_inf = np.isinf(ref64), np.isinf(out64)
+        inf_mismatch = (ref_inf | out_inf) & ~ref_nan & ~out_nan & (ref64 != out64)
+        if inf_mismatch.any():
+            stats.within = False
+            index = _first_index(inf_mismatch)
+            stats.reason = stats.reason or (f"output '{stats.name}' at {index} is {out64[index]} where PyTorch gives "
+                                            f"{ref64[index]}{self._at()}: infinities must match in place and sign")
+        finite = np.isfinite(ref64) & np.isfinite(out64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(finite, np.abs(ref64 - out64), 0.0)
+        scale = np.where(finite, np.abs(ref64), 0.0)
+        worst = np.inf if (inf_mismatch.any() or (out_nan & ~ref_nan).any()) else 0.0
+        stats.max_abs = max(stats.max_abs, float(diff.max(initial=0)), worst)
+        stats.max_rel = max(stats.max_rel, float((diff / np.maximum(scale, 1e-12)).max(initial=0)), worst)
         needed = float(np.maximum(diff - self.tol.rtol * scale, 0).max(initial=0))
         stats.needed_atol = max(stats.needed_atol, needed)
         stats.within &= bool((diff <= self.tol.atol + self.tol.rtol * scale).all())
+
+    def _at(self) -> str:
+        return f" ({self.where})" if self.where else ""
 
     def _policy(self, reference: list[np.ndarray], compiled: list[np.ndarray]) -> None:
         head = self.stats[self.names[0]]
@@ -117,22 +165,30 @@ class ParityAccumulator:
                 return
             kl = gaussian_kl(reference[0], reference[1], compiled[0], compiled[1])
         else:
-            ref, out = reference[0], compiled[0]
-            kl = categorical_kl(ref, out)
-            ref_top, out_top = ref.argmax(axis=-1), out.argmax(axis=-1)
-            agree = ref_top == out_top
+            ref, out = np.asarray(reference[0], np.float64), np.asarray(compiled[0], np.float64)
+            if ref.shape != out.shape:
+                return  # the elementwise check has failed and said why
+            # KL and argmax over the finite (legal) actions of the reference only: a masked -inf is no action
+            legal = np.isfinite(ref)
+            rows = legal.any(axis=-1)
+            kl = masked_categorical_kl(ref, out, legal)[rows]
+            ref_top, out_top = masked_argmax(ref, legal), masked_argmax(out, legal)
+            agree = (ref_top == out_top)[rows]
             head.agree_rows += int(agree.sum())
             head.rows += int(agree.size)
             if not agree.all():
-                ordered = np.sort(ref.astype(np.float64), axis=-1)
+                ordered = np.sort(np.where(legal, ref, -np.inf), axis=-1)[rows]
                 margin = ordered[..., -1] - ordered[..., -2] if ref.shape[-1] > 1 else np.full(agree.shape, np.inf)
-                tie = margin <= self.tol.atol + self.tol.rtol * np.abs(ordered[..., -1])
+                margin = np.where(np.isfinite(margin), margin, np.inf)  # a single legal action cannot tie
+                tie = margin <= self.tol.atol
                 head.tie_only &= bool(tie[~agree].all())
-        kl_value = float(np.nan_to_num(kl, nan=np.inf).max(initial=0))
+                if not head.tie_only and not head.reason:
+                    head.reason = f"argmax differs where PyTorch's top two are more than atol apart{self._at()}"
+        kl_value = float(np.nan_to_num(np.asarray(kl, np.float64), nan=np.inf).max(initial=0))
         head.kl = max(head.kl or 0.0, kl_value)
         self.kl_max = head.kl
         if kl_value > self.tol.max_kl and not head.reason:
-            head.reason = f"KL {kl_value:.3g} > max_kl {self.tol.max_kl:.3g}"
+            head.reason = f"KL {kl_value:.3g} > max_kl {self.tol.max_kl:.3g}{self._at()}"
 
     def result(self) -> Parity:
         outputs = [self.stats[name].result(self.kind == "policy" and i == 0) for i, name in enumerate(self.names)]
@@ -148,3 +204,35 @@ class ParityAccumulator:
             shapes=list(self.shapes),
             outputs=outputs,
         )
+
+
+def run_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Any, kind: str,
+               distribution: str, tol: Tolerance) -> Parity:
+    """Every recorded sample through `infer`, compared with PyTorch's outputs (the one parity gate).
+
+    For a network with recurrent state (`reference.state`, input -> output), each sample runs
+    `reference.steps(point)` steps: the backend's own next state is fed back as the next step's state input
+    and every step is compared with PyTorch's (which fed back its own).
+    """
+    accumulator = ParityAccumulator(kind, distribution, reference.output_names, tol)
+    accumulator.shapes = [f"{point} {reference.shape(point)}" for point in reference.points]
+    state = dict(getattr(reference, "state", {}) or {})
+    index_of = {name: i for i, name in enumerate(reference.output_names)}
+    for point in reference.points:
+        steps = reference.steps(point) if state else 1
+        for sample in range(reference.samples(point)):
+            produced: list[np.ndarray] = []
+            for step in range(steps):
+                feeds = reference.step_feeds(point, sample, step) if step else reference.feeds(point, sample)
+                for state_input, state_output in state.items():
+                    if step:
+                        feeds[state_input] = np.ascontiguousarray(
+                            np.asarray(produced[index_of[state_output]]).astype(feeds[state_input].dtype))
+                accumulator.where = f"{point} sample {sample}" + (f" step {step}" if state else "")
+                produced = [np.asarray(value) for value in infer(feeds)]
+                expected = reference.step_outputs(point, sample, step) if step else reference.outputs(point, sample)
+                accumulator.add(expected, produced)
+                if len(produced) != len(expected):
+                    break
+    accumulator.where = ""
+    return accumulator.result()

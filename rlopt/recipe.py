@@ -16,11 +16,12 @@ from rlopt.errors import RecipeError, located
 from rlopt.manifest import shape_label
 
 BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
-DTYPES: tuple[str, ...] = ("float32", "float16", "int64", "int32", "uint8", "bool")
+DTYPES: tuple[str, ...] = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
+INTEGER_DTYPES: tuple[str, ...] = ("int64", "int32", "uint8")
 NAME_PATTERN = r"^[a-z0-9_-]+$"
 
 Backend = Literal["torchscript", "onnxruntime", "tvm", "tensorrt"]
-DType = Literal["float32", "float16", "int64", "int32", "uint8", "bool"]
+DType = Literal["float32", "float16", "float64", "int64", "int32", "uint8", "bool"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 Kind = Literal["policy", "value", "generic"]
 PROFILE_POINTS: tuple[str, ...] = ("min", "opt", "max")
@@ -38,6 +39,24 @@ class InputSpec(_Strict):
     min: list[int] | None = None
     opt: list[int] | None = None
     max: list[int] | None = None
+    # integer inputs: the values verification samples, inclusive (default: the embedding's size, else 0-9)
+    range: list[int] | None = None
+
+    @field_validator("range")
+    @classmethod
+    def _range(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if value is None:
+            return value
+        dtype = info.data.get("dtype", "float32")
+        if dtype not in INTEGER_DTYPES:
+            raise ValueError(f"'range' applies to integer inputs, this one is {dtype}; fix: drop 'range' or use "
+                             f"one of {', '.join(INTEGER_DTYPES)}")
+        if len(value) != 2 or value[0] > value[1]:
+            raise ValueError(f"{value} is not [lo, hi] with lo <= hi; fix: give two integers, e.g. [0, 499]")
+        limits = {"uint8": (0, 255), "int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}[dtype]
+        if value[0] < limits[0] or value[1] > limits[1]:
+            raise ValueError(f"{value} does not fit {dtype}; fix: keep it inside [{limits[0]}, {limits[1]}]")
+        return value
 
     @model_validator(mode="after")
     def _profile(self) -> InputSpec:
@@ -114,6 +133,38 @@ class NetworkSpec(_Strict):
     # reference, verified, timed and given their own tuned TVM library; `auto` routes each to its fastest
     # backend. A recipe's `warmup_profile` adds the shapes its requests name.
     shapes: list[dict[str, list[int]]] = Field(default_factory=list)
+    # Recurrent state (contract section 8): input -> the output it is fed from on the next step.
+    state: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        inputs, outputs = info.data.get("inputs"), info.data.get("outputs")
+        if not inputs or not outputs:
+            return value  # their own error is reported
+        for state_input, state_output in value.items():
+            if state_input not in inputs:
+                raise ValueError(f"'{state_input}' is not an input of this network; fix: name one of "
+                                 f"{sorted(inputs)} as the key (input: output)")
+            if state_output not in outputs:
+                raise ValueError(f"'{state_output}' (fed back into {state_input}) is not one of the outputs "
+                                 f"{outputs}; fix: name an output as the value (input: output)")
+        if len(set(value.values())) != len(value):
+            raise ValueError(f"{value} feeds one output into two inputs; fix: pair each state input with its own output")
+        if len(value) == len(inputs):
+            raise ValueError("every input is state; fix: keep at least one input (the observation) outside 'state'")
+        batches = {name: (spec.dims("min")[0], spec.dims("max")[0]) for name, spec in inputs.items()}
+        for state_input in value:
+            spec = inputs[state_input]
+            if spec.dtype not in ("float32", "float16", "float64"):
+                raise ValueError(f"state input '{state_input}' is {spec.dtype}; fix: give recurrent state a float dtype")
+            others = {b for name, b in batches.items() if name not in value}
+            if len(others) == 1 and batches[state_input] not in others:
+                (lo, hi), = others
+                raise ValueError(f"state input '{state_input}' has batch dim {batches[state_input][0]}.."
+                                 f"{batches[state_input][1]}, the other inputs {lo}..{hi}; fix: give the state the "
+                                 f"same batch range (dim 0) as the observation")
+        return value
 
     @field_validator("shapes")
     @classmethod
@@ -219,6 +270,8 @@ class VerifyConfig(_Strict):
     rtol: float = Field(default=1.0e-3, ge=0)
     max_kl: float = Field(default=1.0e-4, ge=0)
     seed: int = 0
+    # steps per sample for networks with recurrent `state` (each step feeds the backend's own state back)
+    steps: int = Field(default=4, ge=1, le=64)
     # Gate for artifacts built in reduced precision (fp16/bf16 engines, int8 ONNX Runtime).
     reduced_precision: ReducedPrecisionTolerance = Field(default_factory=lambda: ReducedPrecisionTolerance())
 

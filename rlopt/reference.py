@@ -1,11 +1,15 @@
 """reference.npz: recorded inputs at the min/opt/max shapes and PyTorch's outputs for them.
 
-Keys are `<point>:in:<input>` and `<point>:out:<output>`, each stacked over samples.
+Keys are `<point>:in:<input>` and `<point>:out:<output>`, each stacked over samples. A network with
+recurrent state adds, for steps k >= 1, `<point>:step<k>:in:<input>` (fresh observations; the state
+inputs hold PyTorch's own fed-back state) and `<point>:step<k>:out:<output>`, and `meta:state`
+(JSON of {input: output}). Older files without those keys read as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,15 +20,48 @@ from rlopt.recipe import InputSpec, NetworkSpec
 from rlopt.runtime.outputs import flatten_outputs
 
 
-def random_input(rng: np.random.Generator, spec: InputSpec, shape: list[int]) -> np.ndarray:
+META_STATE = "meta:state"
+DEFAULT_INTEGER_RANGE = (0, 9)
+
+
+def is_mask(name: str, shape: list[int]) -> bool:
+    """A bool input named like a mask, or shaped like one ([..., n] with n > 1 after a batch dim), is sampled
+    with at least one True (legal action) per row: a row with no legal action is no policy input. A bool of
+    shape [batch] (a flag such as `done`) is sampled freely."""
+    return "mask" in name.lower() or (len(shape) >= 2 and shape[-1] > 1)
+
+
+def random_input(rng: np.random.Generator, spec: Any, shape: list[int], *, name: str = "",
+                 default_range: tuple[int, int] | None = None) -> np.ndarray:
+    """Random values for one input: `spec` needs `.dtype` and may have `.range` (integers, inclusive)."""
     dtype = np.dtype(spec.dtype)
     if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(np.bool_)
-    if dtype == np.uint8:
+        values = rng.integers(0, 2, size=shape).astype(np.bool_)
+        if is_mask(name, list(shape)) and values.ndim and values.shape[-1]:
+            rows = values.reshape(-1, values.shape[-1])
+            pick = rng.integers(0, values.shape[-1], size=rows.shape[0])
+            rows[np.arange(rows.shape[0]), pick] = True  # a row with no legal action is no policy input
+            values = rows.reshape(values.shape)
+        return values
+    given = getattr(spec, "range", None)
+    if dtype == np.uint8 and given is None:
         return rng.integers(0, 256, size=shape, dtype=np.uint8)
-    if dtype.kind == "i":
-        return rng.integers(0, 10, size=shape).astype(dtype)
+    if dtype.kind in "iu":
+        lo, hi = given if given is not None else (default_range or DEFAULT_INTEGER_RANGE)
+        return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
     return rng.standard_normal(size=shape).astype(dtype)
+
+
+def embedding_range(module: Any) -> tuple[int, int] | None:
+    """[0, num_embeddings - 1] of the first nn.Embedding in `module` (the table integer ids index), or None."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is needed to record at all
+        return None
+    for sub in module.modules():
+        if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+            return (0, int(sub.num_embeddings) - 1)
+    return None
 
 
 @dataclass
@@ -34,10 +71,32 @@ class Reference:
     arrays: dict[str, np.ndarray]
     input_names: list[str]
     output_names: list[str]
+    state: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.state and META_STATE in self.arrays:
+            self.state = dict(json.loads(str(self.arrays[META_STATE])))
+        if self.state:
+            self.arrays[META_STATE] = np.array(json.dumps(self.state))
 
     @property
     def points(self) -> list[str]:
-        return list(dict.fromkeys(key.split(":")[0] for key in self.arrays))
+        return list(dict.fromkeys(key.split(":")[0] for key in self.arrays if not key.startswith("meta:")))
+
+    def steps(self, point: str) -> int:
+        """1 + the recorded extra steps at `point` (1 for a network without state)."""
+        count = 1
+        while f"{point}:step{count}:out:{self.output_names[0]}" in self.arrays:
+            count += 1
+        return count
+
+    def step_feeds(self, point: str, index: int, step: int) -> dict[str, np.ndarray]:
+        """Inputs of step `step` >= 1 (state inputs hold PyTorch's own fed-back state)."""
+        return {name: np.ascontiguousarray(self.arrays[f"{point}:step{step}:in:{name}"][index])
+                for name in self.input_names}
+
+    def step_outputs(self, point: str, index: int, step: int) -> list[np.ndarray]:
+        return [self.arrays[f"{point}:step{step}:out:{name}"][index] for name in self.output_names]
 
     def samples(self, point: str) -> int:
         return int(self.arrays[f"{point}:in:{self.input_names[0]}"].shape[0])
@@ -53,8 +112,9 @@ class Reference:
 
     def head(self, samples: int) -> Reference:
         """The first `samples` recorded samples of every point."""
-        return Reference({key: value[:samples] for key, value in self.arrays.items()}, self.input_names,
-                         self.output_names)
+        return Reference({key: value if key.startswith("meta:") else value[:samples]
+                          for key, value in self.arrays.items()}, self.input_names, self.output_names,
+                         dict(self.state))
 
     def pairs(self) -> Iterator[tuple[str, dict[str, np.ndarray], list[np.ndarray]]]:
         for point in self.points:
@@ -76,35 +136,66 @@ class Reference:
 
 
 def record_reference(module: Any, spec: NetworkSpec, samples: int, seed: int, *, recipe_path: Path,
-                     network: str) -> Reference:
-    """Run the eager PyTorch module on random inputs at each profile point."""
+                     network: str, steps: int = 4) -> Reference:
+    """Run the eager PyTorch module on random inputs at each profile point.
+
+    With recurrent `state`, each sample runs `steps` steps, PyTorch's own next state fed back.
+    """
     import torch
 
     rng = np.random.default_rng(seed)
+    default_range = embedding_range(module)
     arrays: dict[str, np.ndarray] = {}
+    state = dict(spec.state)
+    steps = steps if state else 1
     for point, shapes in spec.points().items():
-        per_input: dict[str, list[np.ndarray]] = {name: [] for name in spec.inputs}
-        per_output: dict[str, list[np.ndarray]] = {name: [] for name in spec.outputs}
+        prefixes = [f"{point}:"] + [f"{point}:step{k}:" for k in range(1, steps)]
+        per_input = {(k, name): [] for k in range(steps) for name in spec.inputs}
+        per_output = {(k, name): [] for k in range(steps) for name in spec.outputs}
         for _ in range(samples):
-            feeds = {name: random_input(rng, s, shapes[name]) for name, s in spec.inputs.items()}
-            try:
-                with torch.inference_mode():
-                    result = module(*[torch.from_numpy(feeds[name]) for name in spec.inputs])
-            except Exception as exc:  # the user's forward may raise anything
-                first = first_line(exc)
-                raise RecipeError(located(recipe_path, f"networks.{network}.inputs",
-                                          f"the module's forward fails at the {point} shape {shapes}: {first}",
-                                          "give input shapes and dtypes the module accepts")) from None
-            outputs = flatten_outputs(result)
-            if len(outputs) != len(spec.outputs) or not all(isinstance(o, torch.Tensor) for o in outputs):
-                raise RecipeError(located(recipe_path, f"networks.{network}.outputs",
-                                          f"the module returns {len(outputs)} output(s), the recipe names "
-                                          f"{len(spec.outputs)} {spec.outputs}",
-                                          "list one name per returned tensor, in order"))
-            for name in spec.inputs:
-                per_input[name].append(feeds[name])
-            for name, value in zip(spec.outputs, outputs):
-                per_output[name].append(value.detach().numpy().copy())
-        arrays.update({f"{point}:in:{n}": np.stack(v) for n, v in per_input.items()})
-        arrays.update({f"{point}:out:{n}": np.stack(v) for n, v in per_output.items()})
-    return Reference(arrays, list(spec.inputs), list(spec.outputs))
+            previous: dict[str, np.ndarray] = {}
+            for k in range(steps):
+                feeds = {name: random_input(rng, s, shapes[name], name=name, default_range=default_range)
+                         for name, s in spec.inputs.items()}
+                for state_input, state_output in state.items():
+                    if k:
+                        feeds[state_input] = previous[state_output].astype(feeds[state_input].dtype)
+                outputs = _run(torch, module, spec, feeds, recipe_path=recipe_path, network=network,
+                               point=point, shapes=shapes)
+                named = dict(zip(spec.outputs, outputs))
+                for state_input, state_output in state.items():
+                    if list(named[state_output].shape) != list(feeds[state_input].shape):
+                        raise RecipeError(located(recipe_path, f"networks.{network}.state",
+                                                  f"'{state_output}' has shape {list(named[state_output].shape)} "
+                                                  f"at the {point} shape, but it feeds '{state_input}' "
+                                                  f"{list(feeds[state_input].shape)}",
+                                                  "pair each state input with the output of the same shape"))
+                for name in spec.inputs:
+                    per_input[(k, name)].append(feeds[name])
+                for name in spec.outputs:
+                    per_output[(k, name)].append(named[name])
+                previous = named
+        for (k, name), values in per_input.items():
+            arrays[f"{prefixes[k]}in:{name}"] = np.stack(values)
+        for (k, name), values in per_output.items():
+            arrays[f"{prefixes[k]}out:{name}"] = np.stack(values)
+    return Reference(arrays, list(spec.inputs), list(spec.outputs), state)
+
+
+def _run(torch: Any, module: Any, spec: NetworkSpec, feeds: dict[str, np.ndarray], *, recipe_path: Path,
+         network: str, point: str, shapes: dict[str, list[int]]) -> list[np.ndarray]:
+    try:
+        with torch.inference_mode():
+            result = module(*[torch.from_numpy(feeds[name]) for name in spec.inputs])
+    except Exception as exc:  # the user's forward may raise anything
+        first = first_line(exc)
+        raise RecipeError(located(recipe_path, f"networks.{network}.inputs",
+                                  f"the module's forward fails at the {point} shape {shapes}: {first}",
+                                  "give input shapes and dtypes the module accepts")) from None
+    outputs = flatten_outputs(result)
+    if len(outputs) != len(spec.outputs) or not all(isinstance(o, torch.Tensor) for o in outputs):
+        raise RecipeError(located(recipe_path, f"networks.{network}.outputs",
+                                  f"the module returns {len(outputs)} output(s), the recipe names "
+                                  f"{len(spec.outputs)} {spec.outputs}",
+                                  "list one name per returned tensor, in order"))
+    return [value.detach().numpy().copy() for value in outputs]

@@ -96,3 +96,62 @@ def test_missing_recipe_file(tmp_path: Path) -> None:
 def test_tiny_recipe_helper_is_valid(tmp_path: Path) -> None:
     recipe = load_recipe(write_tiny_recipe(tmp_path))
     assert set(recipe.networks) == {"policy", "value"}
+
+
+# contract sections 7 and 8: dtypes, integer ranges, recurrent state, verify.steps
+
+STATEFUL = """\
+name: ok
+model: {factory: models/coverage.py:GruCellActor}
+networks:
+  actor:
+    kind: policy
+    inputs:
+      obs: {dtype: float32, min: [1, 8], opt: [4, 8], max: [8, 8]}
+      h: {dtype: float32, min: [1, 32], opt: [4, 32], max: [8, 32]}
+    outputs: [logits, h_new]
+    state: {h: h_new}
+"""
+
+
+def test_every_contract_dtype_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    for dtype in ("float32", "float16", "float64", "int64", "int32", "uint8", "bool"):
+        path.write_text(BASE.replace("dtype: float32", f"dtype: {dtype}"))
+        assert load_recipe(path).networks["policy"].inputs["input0"].dtype == dtype
+
+
+def test_integer_range_is_validated(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(BASE.replace("dtype: float32,", "dtype: int64, range: [0, 499],"))
+    assert load_recipe(path).networks["policy"].inputs["input0"].range == [0, 499]
+    message = _error(tmp_path, BASE.replace("dtype: float32,", "dtype: float32, range: [0, 4],"))
+    assert "networks.policy.inputs.input0.range" in message and "integer" in message
+    message = _error(tmp_path, BASE.replace("dtype: float32,", "dtype: int32, range: [5, 1],"))
+    assert "lo <= hi" in message
+    message = _error(tmp_path, BASE.replace("dtype: float32,", "dtype: uint8, range: [0, 300],"))
+    assert "does not fit uint8" in message
+
+
+def test_state_and_steps_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(STATEFUL + "verify: {steps: 6}\n")
+    recipe = load_recipe(path)
+    assert recipe.networks["actor"].state == {"h": "h_new"} and recipe.verify.steps == 6
+    path.write_text(STATEFUL)
+    assert load_recipe(path).verify.steps == 4
+
+
+@pytest.mark.parametrize("change, needles", [
+    (("state: {h: h_new}", "state: {hidden: h_new}"), ["networks.actor.state", "'hidden' is not an input"]),
+    (("state: {h: h_new}", "state: {h: h_next}"), ["networks.actor.state", "'h_next'", "not one of the outputs"]),
+    (("state: {h: h_new}", "state: {h: h_new, obs: h_new}"), ["networks.actor.state", "two inputs"]),
+    (("h: {dtype: float32, min: [1, 32], opt: [4, 32], max: [8, 32]}",
+      "h: {dtype: float32, min: [1, 32], opt: [4, 32], max: [16, 32]}"), ["networks.actor.state", "batch"]),
+    (("h: {dtype: float32,", "h: {dtype: int64,"), ["networks.actor.state", "float dtype"]),
+    (("    state: {h: h_new}\n", "    state: {h: h_new}\nverify: {steps: 0}\n"), ["verify.steps"]),
+])
+def test_state_mistakes_are_one_located_line(tmp_path: Path, change: tuple[str, str], needles: list[str]) -> None:
+    message = _error(tmp_path, STATEFUL.replace(*change))
+    for needle in needles:
+        assert needle in message, (needle, message)

@@ -132,3 +132,230 @@ def test_checkpoint_round_trip_pt_and_safetensors(tmp_path: Path) -> None:
         loaded, facts = build_model(recipe.model.model_copy(update={"checkpoint": name}), recipe_path)
         assert torch.equal(loaded.state_dict()["policy.fc1.weight"], state["policy.fc1.weight"])
         assert len(facts.facts["checkpoint_sha256"]) == 64
+
+
+# issue 14: every scripted module fingerprints; the export chain with its guards; TVM names what it cannot import
+
+
+def _spec(inputs: dict[str, list[list[int]]], outputs: list[str], dtype: str = "float32") -> object:
+    from rlopt.recipe import NetworkSpec
+
+    return NetworkSpec(inputs={name: {"dtype": dtype, "min": dims[0], "opt": dims[1], "max": dims[2]}
+                               for name, dims in inputs.items()}, outputs=outputs)
+
+
+def _script(module: torch.nn.Module, folder: Path) -> tuple[Path, dict]:
+    out = script_network(module.eval(), folder / "model.ts", recipe_path=folder / "r.yaml", network="net",
+                         module_path="")
+    return folder / "model.ts", out.facts
+
+
+def test_fingerprint_works_for_rnns_containers_and_splits_graph_from_weights(tmp_path: Path) -> None:
+    from tests.data.models.coverage import AttentionPolicy, GruCellActor, LstmSequence
+
+    for cls in (LstmSequence, GruCellActor, AttentionPolicy):
+        torch.manual_seed(0)
+        _, first = _script(cls(), tmp_path)
+        torch.manual_seed(1)
+        _, reseeded = _script(cls(), tmp_path)
+        torch.manual_seed(0)
+        _, same = _script(cls(), tmp_path)
+        assert first["graph_sha256"] == reseeded["graph_sha256"], cls
+        assert first["weights_sha256"] != reseeded["weights_sha256"], cls
+        assert first["fingerprint"] == same["fingerprint"] != reseeded["fingerprint"], cls
+    _, other = _script(LstmSequence(hidden=16), tmp_path)
+    assert other["graph_sha256"] != first["graph_sha256"]
+
+
+class _GruWithBranch(torch.nn.Module):
+    """A scripted GRUCell (the TorchScript exporter refuses it) AND a branch on the batch size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.GRUCell(8, 16)
+
+    def forward(self, obs: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        if obs.size(0) > 1:
+            return self.cell(obs, h) * 2.0
+        return self.cell(obs, h)
+
+
+GRU_INPUTS = {"obs": [[1, 8], [2, 8], [4, 8]], "h": [[1, 16], [2, 16], [4, 16]]}
+
+
+def test_export_falls_back_to_the_trace_where_the_scripted_graph_is_refused(tmp_path: Path) -> None:
+    from rlopt.stages.export_onnx import control_flow_blockers
+    from tests.data.models.coverage import AttentionPolicy, GruCellActor
+
+    cases = [(GruCellActor(obs=8, hidden=16), GRU_INPUTS, ["logits", "h_new"], "prim::ListConstruct"),
+             (AttentionPolicy(), {"obs": [[1, 8, 8], [2, 8, 8], [4, 8, 8]]}, ["logits"],
+              "aten::is_autocast_enabled")]
+    for module, inputs, outputs, op in cases:
+        ts_path, _ = _script(module, tmp_path)
+        assert control_flow_blockers(torch.jit.load(str(ts_path))) == []
+        spec = _spec(inputs, outputs)
+        out = export_onnx(ts_path, spec, 17, tmp_path / "model.onnx", recipe_path=tmp_path / "r.yaml",
+                          network="net", eager_module=module)
+        assert out.facts["export_path"] == "trace" and out.facts["refused"].startswith(op + ": ")
+        assert "\n" not in out.facts["refused"]
+        with pytest.raises(StageError, match=r"networks\.net: ONNX export failed: " + op):
+            export_onnx(ts_path, spec, 17, tmp_path / "model.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+        for point in (0, 2):  # batch 1 and batch > 1: the trace kept the batch dynamic
+            feeds = {n: np.random.default_rng(point).standard_normal(d[point]).astype(np.float32)
+                     for n, d in inputs.items()}
+            expected = module(*[torch.from_numpy(v) for v in feeds.values()])
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            for got, want in zip(session.run(None, feeds), expected):
+                np.testing.assert_allclose(got, want.detach().numpy(), atol=1e-5)
+
+
+def test_lstm_exports_from_the_script_and_plain_branches_stay_on_it(tmp_path: Path) -> None:
+    from tests.data.models.coverage import LstmSequence
+
+    ts_path, _ = _script(LstmSequence(), tmp_path)
+    spec = _spec({"obs": [[1, 1, 8], [2, 3, 8], [4, 6, 8]], "h": [[1, 1, 32], [2, 1, 32], [4, 1, 32]],
+                  "c": [[1, 1, 32], [2, 1, 32], [4, 1, 32]]}, ["out", "h_new", "c_new"])
+    out = export_onnx(ts_path, spec, 17, tmp_path / "model.onnx", recipe_path=tmp_path / "r.yaml", network="net",
+                      eager_module=LstmSequence())
+    assert out.facts["export_path"] == "script" and "refused" not in out.facts and "LSTM" in out.facts["op_types"]
+
+
+def test_trace_fallback_is_refused_when_the_network_branches_on_its_inputs(tmp_path: Path) -> None:
+    from rlopt.stages.export_onnx import control_flow_blockers
+
+    module = _GruWithBranch()
+    ts_path, _ = _script(module, tmp_path)
+    assert control_flow_blockers(torch.jit.load(str(ts_path))) == [f"if at test_stages.py:{_line_of('obs.size(0) > 1')}"]
+    with pytest.raises(StageError) as info:
+        export_onnx(ts_path, _spec(GRU_INPUTS, ["h_new"]), 17, tmp_path / "model.onnx",
+                    recipe_path=tmp_path / "r.yaml", network="net", eager_module=module)
+    message = str(info.value)
+    assert "\n" not in message and "prim::ListConstruct" in message and "would freeze" in message
+    assert "test_stages.py" in message and "fix:" in message
+
+
+def _line_of(text: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "if " in line)
+
+
+def test_refused_op_names_the_operator() -> None:
+    from rlopt.stages.export_onnx import refused_op
+
+    message = "Exporting the operator 'aten::is_autocast_enabled' to ONNX opset version 17 is not supported"
+    assert refused_op(RuntimeError(message)) == f"aten::is_autocast_enabled: {message}"
+    assert refused_op(RuntimeError("ONNX symbolic expected node type prim::ListConstruct, got x\nmore")).startswith(
+        "prim::ListConstruct: ONNX symbolic expected")
+    assert refused_op(ValueError("")) == "ValueError: ValueError"
+
+
+def test_dynamo_is_gated_on_onnxscript() -> None:
+    from rlopt.stages.export_onnx import _dynamo_unavailable
+
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError:
+        assert "onnxscript" in (_dynamo_unavailable() or "")
+    else:
+        assert _dynamo_unavailable() is None
+
+
+def test_tvm_names_the_onnx_ops_its_frontend_cannot_convert(tmp_path: Path) -> None:
+    from rlopt.errors import BackendUnavailable
+    from rlopt.stages.tvm_import import check_supported, unsupported_ops
+    from tests.data.models.coverage import LstmSequence
+
+    ts_path, _ = _script(LstmSequence(), tmp_path)
+    spec = _spec({"obs": [[1, 1, 8], [2, 3, 8], [4, 6, 8]], "h": [[1, 1, 32], [2, 1, 32], [4, 1, 32]],
+                  "c": [[1, 1, 32], [2, 1, 32], [4, 1, 32]]}, ["out", "h_new", "c_new"])
+    export_onnx(ts_path, spec, 17, tmp_path / "model.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    assert [entry.split(" ")[0] for entry in unsupported_ops(model)] == ["LSTM"]
+    with pytest.raises(BackendUnavailable, match=r"tvm: Relax ONNX frontend has no converter for LSTM \(node "):
+        check_supported(model)
+    # inside a subgraph too
+    from onnx import helper
+
+    loop_body = helper.make_graph([helper.make_node("Scan", [], [], name="inner")], "body", [], [])
+    outer = helper.make_model(helper.make_graph([helper.make_node("If", ["c"], ["y"], name="outer",
+                                                                  then_branch=loop_body, else_branch=loop_body)],
+                                                "g", [], []))
+    assert unsupported_ops(outer) == ["Scan (node inner)"]
+
+
+def test_reference_sampling_by_dtype_range_embedding_and_mask(tmp_path: Path) -> None:
+    from rlopt.recipe import NetworkSpec
+    from rlopt.reference import Reference, random_input, record_reference
+    from tests.data.models.coverage import EmbeddingPolicy, MaskedPolicy
+
+    rng = np.random.default_rng(0)
+    spec = NetworkSpec(inputs={"ids": {"dtype": "int64", "range": [3, 5], "shape": [64, 4]}}, outputs=["logits"])
+    ids = random_input(rng, spec.inputs["ids"], [64, 4])
+    assert ids.dtype == np.int64 and ids.min() == 3 and ids.max() == 5
+    # without a range: the embedding the input feeds
+    unranged = NetworkSpec(inputs={"ids": {"dtype": "int64", "shape": [64, 8]}}, outputs=["logits"])
+    reference = record_reference(EmbeddingPolicy(vocab=50), unranged, 4, 0, recipe_path=tmp_path / "r.yaml",
+                                 network="net")
+    recorded = reference.arrays["min:in:ids"]
+    assert recorded.max() > 9 and recorded.max() <= 49 and recorded.min() >= 0
+    assert random_input(rng, unranged.inputs["ids"], [1000]).max() <= 9, "no embedding known: 0-9"
+    frames = random_input(rng, NetworkSpec(inputs={"f": {"dtype": "uint8", "shape": [4096]}},
+                                           outputs=["o"]).inputs["f"], [4096])
+    assert frames.dtype == np.uint8 and frames.max() > 200
+    masked = NetworkSpec(inputs={"obs": {"shape": [64, 8]}, "action_mask": {"dtype": "bool", "shape": [64, 6]}},
+                         outputs=["logits"], kind="policy")
+    reference = record_reference(MaskedPolicy(), masked, 8, 0, recipe_path=tmp_path / "r.yaml", network="net")
+    assert reference.arrays["min:in:action_mask"].any(axis=-1).all(), "at least one legal action per row"
+    flag = NetworkSpec(inputs={"done": {"dtype": "bool", "shape": [4096]}}, outputs=["o"]).inputs["done"]
+    assert not random_input(rng, flag, [4096]).all(), "a [batch] flag is sampled freely"
+    legal = random_input(rng, flag, [512, 3], name="legal")
+    assert legal.any(axis=-1).all() and not legal.all(), "shaped like a mask: one True per row at least"
+    assert np.isinf(reference.arrays["min:out:logits"]).any()
+    reference.save(tmp_path / "reference.npz")
+    loaded = Reference.load(tmp_path / "reference.npz", ["obs", "action_mask"], ["logits"])
+    assert loaded.points == ["min"] and loaded.state == {} and loaded.steps("min") == 1
+
+
+def test_reference_records_steps_with_pytorchs_own_state(tmp_path: Path) -> None:
+    from rlopt.recipe import NetworkSpec
+    from rlopt.reference import Reference, record_reference
+    from tests.data.models.coverage import GruCellActor
+
+    module = GruCellActor().eval()
+    spec = NetworkSpec(inputs={"obs": {"min": [1, 8], "opt": [2, 8], "max": [3, 8]},
+                               "h": {"min": [1, 32], "opt": [2, 32], "max": [3, 32]}},
+                       outputs=["logits", "h_new"], state={"h": "h_new"})
+    reference = record_reference(module, spec, 2, 0, recipe_path=tmp_path / "r.yaml", network="net", steps=3)
+    assert reference.steps("opt") == 3 and reference.state == {"h": "h_new"}
+    np.testing.assert_array_equal(reference.arrays["opt:step1:in:h"], reference.arrays["opt:out:h_new"])
+    np.testing.assert_array_equal(reference.arrays["opt:step2:in:h"], reference.arrays["opt:step1:out:h_new"])
+    reference.save(tmp_path / "reference.npz")
+    loaded = Reference.load(tmp_path / "reference.npz", ["obs", "h"], ["logits", "h_new"])
+    assert loaded.state == {"h": "h_new"} and loaded.points == ["min", "opt", "max"] and loaded.steps("max") == 3
+    assert loaded.head(1).samples("opt") == 1 and loaded.head(1).state == {"h": "h_new"}
+    # a state output whose shape does not match its input: one located line
+    wrong = NetworkSpec(inputs=spec.inputs, outputs=["logits", "h_new"], state={"h": "logits"})
+    with pytest.raises(RecipeError, match=r"networks\.net\.state: 'logits' has shape \[1, 4\]"):
+        record_reference(module, wrong, 1, 0, recipe_path=tmp_path / "r.yaml", network="net")
+
+
+def test_graph_digest_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """load_model names a recipe's model module after a per-process hash of its path; the digest ignores it."""
+    import importlib.util
+
+    from rlopt.stages.script import graph_sha256
+
+    source = Path(__file__).resolve().parent / "data" / "models" / "coverage.py"
+    digests = set()
+    for suffix in ("12345678", "87654321"):
+        spec = importlib.util.spec_from_file_location(f"rlopt_user_coverage_{suffix}", source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        torch.manual_seed(0)
+        scripted = torch.jit.script(module.MaskedPolicy().eval())
+        assert f"rlopt_user_coverage_{suffix}" in str(scripted.inlined_graph)
+        digests.add(graph_sha256(scripted))
+    assert len(digests) == 1
