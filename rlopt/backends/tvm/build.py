@@ -60,6 +60,8 @@ def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe
             network: str) -> tuple[Any, dict[str, Any]]:
     try:
         return import_relax(model, target, shapes)
+    except BackendUnavailable:  # an op the frontend has no converter for: TVM is skipped, the others go on
+        raise
     except Exception as exc:  # the TVM frontend raises many error types
         raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot import the ONNX model: "
                                  f"{_first_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "

@@ -117,7 +117,7 @@ def build_tvm_cuda(onnx_path: Path, config: TvmConfig, out_dir: Path, *, precisi
         kernels = fused_kernels(mod)
         executable = tvm.compile(mod, target)
         source = _cuda_source(executable)
-    except StageError:
+    except (StageError, BackendUnavailable):
         raise
     except Exception as exc:  # the TVM frontend and compiler raise many error types
         first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__

@@ -17,6 +17,7 @@ Three measured traps shape it (shared notes, and checked by tests):
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,10 @@ from rlopt.lazy import require
 COMPARISONS = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual"}
 CONTROL_FLOW = {"If", "Loop", "Scan"}
 Shapes = dict[str, list[int]]
+# TVM's te.TagScope (entered by every topi compute that Relax legalization calls) is one process-global
+# slot: two imports legalizing at once fail with "nested op_tag is not allowed for now" or a bare
+# AssertionError (seen in tvm_build's thread pool under load). Imports take turns; compiles stay parallel.
+_LEGALIZE_LOCK = threading.Lock()
 
 
 def _constant_values(graph: Any) -> dict[str, np.ndarray]:
@@ -307,7 +312,7 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None) -> 
     # [8,16,768]); the fast forms vectorize, differ by ~3e-7 here, and the parity gate checks them anyway
     mod = relax.transform.FastMathTransform()(mod)
     facts["fast_math"] = True
-    with target:
+    with _LEGALIZE_LOCK, target:
         mod = relax.get_pipeline("zero")(mod)
     if shapes is not None:
         # weights may be re-laid-out by a tuned schedule (packed tiles): 52 vs 75 us for the tuned default
