@@ -8,8 +8,11 @@ Importing this package needs neither torch nor stable-baselines3 (`pip install '
 
 from rlopt.sb3.agent import Agent, ObsInput, VecNormStats, load_agent
 from rlopt.sb3.build import actor_inputs, actor_module, actor_outputs, agent_model, script, value_module, value_outputs
+from rlopt.sb3.recipe import agent_recipe
+from rlopt.sb3.rollout import RolloutReport, observation_feeds, rollout_check
 
 __all__ = [
     "Agent", "ObsInput", "VecNormStats", "load_agent",
     "actor_inputs", "actor_module", "actor_outputs", "agent_model", "script", "value_module", "value_outputs",
+    "agent_recipe", "RolloutReport", "observation_feeds", "rollout_check",
 ]

@@ -226,7 +226,7 @@ def network(paths: list[Any], lstm: Any, latent: Any, head: Any, finish: Any, *,
     module = _CLASSES[key](paths, lstm if lstm is not None else identity, latent, head,
                           Mask() if masked else nn.Identity(), finish)
     module.__doc__ = doc
-    return module.eval()
+    return module.eval().requires_grad_(False)   # an inference graph
 
 
 def _identifiers(names: list[str]) -> list[str]:
