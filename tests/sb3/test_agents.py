@@ -19,14 +19,13 @@ ort = pytest.importorskip("onnxruntime")
 from rlopt.sb3 import (actor_inputs, actor_module, actor_outputs, load_agent, rollout_check, script,  # noqa: E402
                        value_module, value_outputs)
 
-STEPS = 200
+STEPS = 100   # per agent in the default suite (900 steps over the nine); 1000 each under -m slow
 _CACHE: dict[str, Any] = {}
 
 
-def export_onnx(module: Any, agent: Any, names: list[str], outputs: list[str], feeds: dict[str, np.ndarray],
+def export_onnx(scripted: Any, names: list[str], outputs: list[str], feeds: dict[str, np.ndarray],
                 path: Path) -> Any:
-    """As rlopt compiles: torch.jit.script, then the TorchScript ONNX exporter with a dynamic batch dim."""
-    scripted = script(module, agent)
+    """As rlopt compiles: the scripted module through the TorchScript ONNX exporter, dynamic batch dim."""
     args = tuple(torch.from_numpy(feeds[n][:2]) for n in names)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -47,14 +46,14 @@ def rollout(name: str, agents_dir: Path, tmp_path_factory: pytest.TempPathFactor
         zip_path, pkl, env_id = agent_files(agents_dir, name)
         agent = load_agent(zip_path, vecnormalize=pkl, env=env_id)
         actor = actor_module(agent)
+        scripted = script(actor, agent)
         names, outputs = actor_inputs(agent), actor_outputs(agent)
-        probe = rollout_check(agent, env_id, infer=lambda f: run_torch(actor, names, f)[0]
-                              if not agent.recurrent else dict(zip(outputs, run_torch(actor, names, f))), steps=2)
-        sess = export_onnx(actor, agent, names, outputs, {k: np.repeat(v, 2, 0) for k, v in probe.inputs.items()},
-                           tmp_path_factory.mktemp(name) / "actor.onnx")
+        probe = rollout_check(agent, env_id, infer=lambda f: dict(zip(outputs, run_torch(actor, names, f))), steps=2)
+        sess = export_onnx(scripted, names, outputs, probe.inputs, tmp_path_factory.mktemp(name) / "actor.onnx")
         report = rollout_check(agent, env_id, steps=STEPS, seed=1,
                                infer=lambda feeds: dict(zip(outputs, sess.run(outputs, feeds))))
-        _CACHE[name] = {"agent": agent, "actor": actor, "names": names, "outputs": outputs, "report": report}
+        _CACHE[name] = {"agent": agent, "actor": actor, "scripted": scripted, "session": sess, "names": names,
+                        "outputs": outputs, "report": report}
     return _CACHE[name]
 
 
@@ -74,7 +73,7 @@ def test_actor_matches_predict_eager_scripted_and_onnxruntime(name: str, agents_
     assert report.passed, report.summary()
     assert report.steps == STEPS and report.agreed == STEPS
     # the visited inputs, as one batch, through eager and TorchScript: predict's action at every step
-    for module in (case["actor"], script(case["actor"], agent)):
+    for module in (case["actor"], case["scripted"]):
         outs = run_torch(module, case["names"], report.inputs)
         assert_actions(agent, report.reference_actions, outs[0])
     expected_dtype = np.int64 if name in ("ppo", "dqn", "dict", "recurrent", "maskable") else np.float32
@@ -127,9 +126,10 @@ def test_value_network_matches_sb3(name: str, agents_dir: Path, tmp_path_factory
     with torch.no_grad():
         expected = (agent.policy.q_net(obs_t) if agent.algorithm == "DQN" else agent.policy.predict_values(obs_t))
     value = value_module(agent)
-    for module in (value, script(value, agent)):
+    scripted = script(value, agent, "value")
+    for module in (value, scripted):
         np.testing.assert_allclose(run_torch(module, names, obs)[0], expected.numpy(), rtol=1e-5, atol=1e-5)
-    sess = export_onnx(value, agent, names, value_outputs(agent), obs, tmp_path_factory.mktemp("v") / "value.onnx")
+    sess = export_onnx(scripted, names, value_outputs(agent), obs, tmp_path_factory.mktemp("v") / "value.onnx")
     np.testing.assert_allclose(sess.run(None, obs)[0], expected.numpy(), rtol=1e-4, atol=1e-4)
 
 
@@ -146,11 +146,8 @@ def test_no_value_network_says_why(name: str, agents_dir: Path) -> None:
 def test_thousand_step_rollout_through_onnxruntime(name: str, agents_dir: Path,
                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
     case = rollout(name, agents_dir, tmp_path_factory)
-    zip_path, pkl, env_id = agent_files(agents_dir, name)
-    sess_path = tmp_path_factory.mktemp(f"{name}-slow") / "actor.onnx"
-    sess = export_onnx(case["actor"], case["agent"], case["names"], case["outputs"], case["report"].inputs,
-                       sess_path)
-    outputs = case["outputs"]
+    _, _, env_id = agent_files(agents_dir, name)
+    sess, outputs = case["session"], case["outputs"]
     report = rollout_check(case["agent"], env_id, steps=1000, seed=0,
                            infer=lambda feeds: dict(zip(outputs, sess.run(outputs, feeds))))
     assert report.passed, report.summary()
