@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rlopt.errors import RecipeError, describe_exception, first_line, located
+from rlopt.errors import RecipeError, first_line, located
 from rlopt.lazy import require
 from rlopt.sb3 import graph
 from rlopt.sb3.agent import Agent, ObsInput
@@ -73,20 +73,23 @@ def script(module: Any, agent: Agent, network: str = "actor") -> Any:
         culprit = _unscriptable(module, torch)
         what = f"{type(culprit[1]).__name__} at {network}.{culprit[0]}" if culprit else f"the {network} graph"
         raise RecipeError(located(agent.zip_path, f"networks.{network}",
-                                  f"{what} cannot be scripted: {describe_exception(exc) if not culprit else culprit[2]}",
+                                  f"{what} cannot be scripted ({first_line(exc)})",
                                   "give the policy's custom modules a TorchScript-compatible forward (typed tensor "
                                   "arguments, no dicts or Python objects)")) from exc
 
 
-def _unscriptable(module: Any, torch: Any) -> tuple[str, Any, str] | None:
-    for name, child in module.named_modules():
-        if not name or type(child).__module__.startswith(("rlopt.", "torch.")):
+def _unscriptable(module: Any, torch: Any) -> tuple[str, Any] | None:
+    """The innermost non-torch, non-rlopt submodule that fails to script on its own."""
+    for name, child in module.named_children():
+        inner = _unscriptable(child, torch)
+        if inner:
+            return f"{name}.{inner[0]}", inner[1]
+        if type(child).__module__.startswith(("rlopt.", "torch.")):
             continue
         try:
             torch.jit.script(child)
-        except Exception as exc:  # noqa: BLE001 - any failure names this component
-            inner = _unscriptable(child, torch)
-            return (f"{name}.{inner[0]}", inner[1], inner[2]) if inner else (name, child, first_line(exc))
+        except Exception:  # noqa: BLE001 - any failure names this component
+            return name, child
     return None
 
 

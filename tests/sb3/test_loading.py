@@ -161,3 +161,32 @@ def test_agent_model_holds_the_recipe_modules(agents_dir: Path) -> None:
     assert isinstance(model.actor, torch.nn.Module) and isinstance(model.value, torch.nn.Module)
     assert not hasattr(agent_model(load_agent(agents_dir / "td3.zip")), "value")
     assert not any(p.requires_grad for p in model.parameters())
+
+
+class UnscriptableExtractor(torch.nn.Module if torch else object):  # type: ignore[misc]
+    """A custom features extractor TorchScript cannot compile (a Python object in forward)."""
+
+    def __init__(self, observation_space: object, features_dim: int = 4) -> None:
+        super().__init__()
+        self.features_dim = features_dim
+        self.lookup = {"scale": 2.0}
+
+    def forward(self, x):  # noqa: ANN001, ANN201 - untyped on purpose
+        return x * self.lookup["scale"] if isinstance(self.lookup, dict) else x
+
+
+def test_unscriptable_component_is_named(tmp_path: Path) -> None:
+    from stable_baselines3 import PPO
+
+    from rlopt.sb3 import script
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, device="cpu", seed=0,
+                policy_kwargs={"features_extractor_class": UnscriptableExtractor, "net_arch": [8]})
+    model.save(tmp_path / "custom.zip")
+    agent = load_agent(tmp_path / "custom.zip")
+    actor = actor_module(agent)
+    with torch.no_grad():   # eager is fine
+        actor(torch.zeros(2, 4))
+    with pytest.raises(RecipeError) as exc:
+        script(actor, agent)
+    one_line_error(exc, "custom.zip", "UnscriptableExtractor at actor.path0.1", "cannot be scripted")
