@@ -251,7 +251,7 @@ def load_vecnormalize(pkl_path: Path) -> VecNormStats:
     stats: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
     if env.norm_obs:
         if isinstance(env.obs_rms, dict):
-            for key in env.norm_obs_keys or []:
+            for key in getattr(env, "norm_obs_keys", None) or list(env.obs_rms):
                 rms = env.obs_rms[key]
                 stats[key] = (np.asarray(rms.mean, np.float64), np.asarray(rms.var, np.float64))
         else:

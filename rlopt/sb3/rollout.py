@@ -170,6 +170,8 @@ def reference_margin(agent: Agent, batch_obs: Any, ref_state: Any, start: bool, 
             else:
                 dist = policy.get_distribution(obs_t)
             inner = dist.distribution
+            if isinstance(inner, torch.distributions.Bernoulli):   # MultiBinary: each bit's distance from 0.5
+                return float(inner.logits.abs().min())
             scores = [d.logits for d in inner] if isinstance(inner, list) else [inner.logits]
     gaps = []
     for s in scores:
