@@ -79,12 +79,12 @@ def script(module: Any, agent: Agent, network: str = "actor") -> Any:
 
 
 def _unscriptable(module: Any, torch: Any) -> tuple[str, Any] | None:
-    """The innermost non-torch, non-rlopt submodule that fails to script on its own."""
+    """The innermost submodule (not one of rlopt's) that fails to script on its own."""
     for name, child in module.named_children():
         inner = _unscriptable(child, torch)
         if inner:
             return f"{name}.{inner[0]}", inner[1]
-        if type(child).__module__.startswith(("rlopt.", "torch.")):
+        if type(child).__module__.startswith("rlopt."):
             continue
         try:
             torch.jit.script(child)
@@ -164,7 +164,17 @@ def _path(agent: Agent, owner: Any, obs: ObsInput, extractor: Any) -> Any:
 
 
 def _copy(module: Any) -> Any:
-    """A private copy (the graph must not share parameters with the live SB3 model); Identity for None."""
+    """A private copy (the graph must not share parameters with the live SB3 model); Identity for None.
+    NumPy scalars in module attributes become Python ones: a MultiDiscrete space's sizes reach nn.Linear's
+    in_features as numpy.int64, which TorchScript refuses as a constant."""
+    import numpy as np
     import torch
 
-    return torch.nn.Identity() if module is None else copy.deepcopy(module).eval()
+    if module is None:
+        return torch.nn.Identity()
+    module = copy.deepcopy(module).eval()
+    for sub in module.modules():
+        for name, value in list(vars(sub).items()):
+            if isinstance(value, np.generic) and not name.startswith("__"):
+                setattr(sub, name, value.item())
+    return module

@@ -190,3 +190,22 @@ def test_unscriptable_component_is_named(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as exc:
         script(actor, agent)
     one_line_error(exc, "custom.zip", "UnscriptableExtractor at actor.path0.1", "cannot be scripted")
+
+
+def test_multidiscrete_observations_and_actions(tmp_path: Path) -> None:
+    """MultiDiscrete sizes are numpy ints in SB3's modules (nn.Linear.in_features): the graph still scripts."""
+    from stable_baselines3 import PPO
+
+    from rlopt.sb3 import rollout_check, script
+    from tests.sb3.conftest import gymnasium
+
+    if "rlopt-test/MultiDiscrete-v0" not in gymnasium.registry:
+        gymnasium.register("rlopt-test/MultiDiscrete-v0",
+                           entry_point="stable_baselines3.common.envs:IdentityEnvMultiDiscrete", kwargs={"dim": 3})
+    PPO("MlpPolicy", "rlopt-test/MultiDiscrete-v0", device="cpu", seed=0,
+        policy_kwargs={"net_arch": [8]}).save(tmp_path / "md.zip")
+    agent = load_agent(tmp_path / "md.zip", env="rlopt-test/MultiDiscrete-v0")
+    scripted = script(actor_module(agent), agent)
+    report = rollout_check(agent, "rlopt-test/MultiDiscrete-v0", steps=30,
+                           infer=lambda feeds: scripted(torch.from_numpy(feeds["obs"])).numpy())
+    assert report.passed and report.reference_actions.shape == (30, 2), report.summary()
