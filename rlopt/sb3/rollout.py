@@ -50,12 +50,16 @@ class RolloutReport:
         return self.agreed / self.steps if self.steps else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready, without the arrays: for the manifest and --json."""
+        """JSON-ready (strict: no NaN or Infinity, those become null), without the arrays: for the manifest."""
         return {"env": self.env_id, "seed": self.seed, "steps": self.steps, "episodes": self.episodes,
                 "discrete": self.discrete, "atol": self.atol, "agreed": self.agreed, "disagreed": self.disagreed,
-                "ties": self.ties, "agreement": self.agreement, "max_abs_diff": self.max_abs_diff,
+                "ties": self.ties, "agreement": self.agreement, "max_abs_diff": _finite(self.max_abs_diff),
                 "passed": self.passed,
-                "first_disagreements": [vars(d) for d in self.first_disagreements]}
+                "first_disagreements": [dict(vars(d), margin=_finite(d.margin)) for d in self.first_disagreements]}
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and np.isfinite(value) else None
 
 
 def rollout_check(agent: Agent, env_id: str, *, infer: Infer, steps: int = 1000, seed: int = 0,
