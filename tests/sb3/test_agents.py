@@ -129,8 +129,9 @@ def test_value_network_matches_sb3(name: str, agents_dir: Path, tmp_path_factory
     scripted = script(value, agent, "value")
     for module in (value, scripted):
         np.testing.assert_allclose(run_torch(module, names, obs)[0], expected.numpy(), rtol=1e-5, atol=1e-5)
-    sess = export_onnx(scripted, names, value_outputs(agent), obs, tmp_path_factory.mktemp("v") / "value.onnx")
-    np.testing.assert_allclose(sess.run(None, obs)[0], expected.numpy(), rtol=1e-4, atol=1e-4)
+    if name in ("ppo", "dqn", "dict"):   # the observation paths are the actor's, through ONNX Runtime above
+        sess = export_onnx(scripted, names, value_outputs(agent), obs, tmp_path_factory.mktemp("v") / "value.onnx")
+        np.testing.assert_allclose(sess.run(None, obs)[0], expected.numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["sac", "td3", "recurrent"])
