@@ -34,7 +34,7 @@ def actor_module(agent: Agent) -> Any:
     exactly what `agent.predict` (model.predict(..., deterministic=True)) returns, batched."""
     require("torch")
     owner, extractor, latent, head = _actor_parts(agent)
-    lstm = graph.LSTMStep(agent.policy.lstm_actor) if agent.recurrent else None
+    lstm = _lstm(agent) if agent.recurrent else None
     doc = (f"{agent.algorithm} actor of {agent.zip_path.name}: {', '.join(actor_inputs(agent))} -> "
            f"{', '.join(actor_outputs(agent))}")
     return graph.network(_paths(agent, owner, extractor), lstm, _copy(latent), _copy(head), _finish(agent),
@@ -103,6 +103,14 @@ def _actor_parts(agent: Agent) -> tuple[Any, Any, Any, Any]:
     if agent.algorithm == "TD3":
         return policy.actor, policy.actor.features_extractor, None, policy.actor.mu
     return policy, policy.pi_features_extractor, policy.mlp_extractor.policy_net, policy.action_net
+
+
+def _lstm(agent: Agent) -> Any:
+    lstm = agent.policy.lstm_actor
+    if lstm.bidirectional or getattr(lstm, "proj_size", 0) or lstm.batch_first:
+        raise RecipeError(located(agent.zip_path, "policy_kwargs.lstm_kwargs", "a bidirectional, projected or "
+                                  "batch-first LSTM is not supported", "train with SB3's default lstm_kwargs"))
+    return graph.LSTMStep(lstm)
 
 
 def _finish(agent: Agent) -> Any:

@@ -13,8 +13,6 @@ from typing import Any, List, Tuple
 
 import numpy as np
 
-from rlopt.errors import RecipeError
-
 try:
     import torch
     from torch import Tensor, nn
@@ -84,9 +82,6 @@ class LSTMStep(nn.Module):
 
     def __init__(self, lstm: Any) -> None:
         super().__init__()
-        if lstm.bidirectional or getattr(lstm, "proj_size", 0) or lstm.batch_first:
-            raise RecipeError("an LSTM with bidirectional, proj_size or batch_first is not supported; "
-                              "fix: use SB3's default lstm_kwargs")
         self.layers = nn.ModuleList([_LSTMLayer(lstm, k) for k in range(lstm.num_layers)])
 
     def forward(self, x: Tensor, state_h: Tensor, state_c: Tensor, episode_start: Tensor
@@ -237,7 +232,7 @@ def _identifiers(names: list[str]) -> list[str]:
     out: list[str] = []
     for index, name in enumerate(names):
         ident = re.sub(r"\W", "_", name)
-        taken = ("self", "net", "out", "torch", "nn", "Tensor", "Tuple")
+        taken = ("self", "torch", "nn", "Tensor", "Tuple", "features", "scores", "next_h", "next_c")
         if not ident or ident[0].isdigit() or keyword.iskeyword(ident) or ident in taken or ident in out:
             ident = f"input{index}_{ident}"
         out.append(ident)
