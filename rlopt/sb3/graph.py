@@ -1,8 +1,9 @@
 """The agent's networks as scriptable nn.Modules: raw observation in, `predict(deterministic=True)`'s action out.
 
-Every piece takes and returns plain tensors (no dicts in forward), so `torch.jit.script` and the TorchScript ONNX
-exporter take the whole graph. A network with several inputs gets a positional forward generated for its arity.
-torch is imported lazily: rlopt's modules import without it (tests/test_dependencies.py).
+Every piece takes and returns plain tensors (no dicts or lists across modules, branches fixed at build time), so
+`torch.jit.script` and the TorchScript ONNX exporter take the whole graph and emit only plain ONNX ops (no Sequence
+ops). Each network's positional forward is generated for its inputs (`network`). This module imports without
+torch (tests/test_dependencies.py); its classes need torch when they are built.
 """
 
 from __future__ import annotations
