@@ -13,6 +13,7 @@ import pytest
 from tests.sb3.conftest import AGENTS, agent_files
 
 pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 

@@ -13,6 +13,7 @@ import pytest
 from tests.sb3.conftest import agent_files
 
 pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
 torch = pytest.importorskip("torch")
 
 from rlopt.errors import RecipeError, RloptError, UsageError  # noqa: E402
@@ -163,7 +164,7 @@ def test_agent_model_holds_the_recipe_modules(agents_dir: Path) -> None:
     assert not any(p.requires_grad for p in model.parameters())
 
 
-class UnscriptableExtractor(torch.nn.Module if torch else object):  # type: ignore[misc]
+class UnscriptableExtractor(torch.nn.Module):
     """A custom features extractor TorchScript cannot compile (a Python object in forward)."""
 
     def __init__(self, observation_space: object, features_dim: int = 4) -> None:

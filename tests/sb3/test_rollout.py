@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
 torch = pytest.importorskip("torch")
 
 from rlopt.errors import UsageError  # noqa: E402
