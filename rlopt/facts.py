@@ -12,11 +12,9 @@ Imports nothing but pydantic: the runtime reads these without torch, tvm or any 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
-
-F = TypeVar("F", bound="Facts")
 
 
 class Facts(BaseModel):
@@ -25,7 +23,7 @@ class Facts(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     @classmethod
-    def of(cls: type[F], facts: Facts | Mapping[str, Any] | None) -> F:
+    def of(cls, facts: Facts | Mapping[str, Any] | None) -> Self:
         """`facts` as this model: a model of this class is returned as is, a dict (or another Facts) is validated."""
         if isinstance(facts, cls):
             return facts

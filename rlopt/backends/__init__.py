@@ -58,4 +58,4 @@ def open_runner(backend: str, path: Path, input_names: list[str], facts: FactsLi
     return RUNNERS[backend](path, input_names, typed)
 
 
-__all__ = ["BACKENDS", "Backend", "Runner", "RUNNERS", "facts_of", "open_runner", "unavailable_reason"]
+__all__ = ["BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "open_runner", "unavailable_reason"]

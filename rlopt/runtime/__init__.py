@@ -10,5 +10,5 @@ from rlopt.runtime.loader import KNOWN_BACKENDS, load, open_artifact, resolve_ba
 from rlopt.runtime.routes import AutoPlan, auto_routes, ranked_backends, unbucketed_p50, unbucketed_variant
 from rlopt.runtime.session import Session, check_feeds
 
-__all__ = ["Session", "load", "open_artifact", "check_feeds", "ranked_backends", "auto_routes", "AutoPlan",
-           "KNOWN_BACKENDS", "resolve_backend", "unbucketed_p50", "unbucketed_variant", "usable_backends"]
+__all__ = ["KNOWN_BACKENDS", "AutoPlan", "Session", "auto_routes", "check_feeds", "load", "open_artifact",
+           "ranked_backends", "resolve_backend", "unbucketed_p50", "unbucketed_variant", "usable_backends"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -127,4 +127,4 @@ def auto_routes(record: NetworkRecord, usable: list[str]) -> AutoPlan:
     return AutoPlan(routes, fallback, onnxruntime_spinning=chosen == {"onnxruntime"} or "onnxruntime" not in chosen)
 
 
-__all__ = ["AutoPlan", "SWITCH_MARGIN", "auto_routes", "ranked_backends", "unbucketed_p50", "unbucketed_variant"]
+__all__ = ["SWITCH_MARGIN", "AutoPlan", "auto_routes", "ranked_backends", "unbucketed_p50", "unbucketed_variant"]

@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 
 
 def _model_bytes() -> bytes:
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
