@@ -9,6 +9,19 @@ from pathlib import Path
 from typing import Any
 
 
+def usable_core_ids() -> set[int]:
+    """The cores the calling thread may run on (its affinity: a container or a pinned process has fewer than
+    os.cpu_count(); where the platform cannot say, every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many cores the calling thread may run on: the one count of cores for thread pools, timing and reports."""
+    return len(usable_core_ids())
+
+
 def gpu_absent_reason() -> str | None:
     """None when an NVIDIA GPU is visible, else the reason it is not (checked without CUDA libraries)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):

@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlopt.errors import ArtifactError, located
 
+# The manifest's layout version (contract section 7). Adding an optional field, or a fact (facts objects keep
+# unknown keys), keeps it; renaming, moving or retyping a field, or changing what a MODEL_DIR holds, bumps it, and
+# `read_manifest` then refuses an older MODEL_DIR in one line naming the command that rebuilds it.
+# 1: rlopt 0.1 to 0.5 (typed facts in 0.6 read the same JSON, so it stays 1).
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
@@ -208,23 +212,85 @@ def read_manifest(model_dir: Path | str) -> Manifest:
         raise ArtifactError(located(path, "", f"not valid JSON ({exc})", "recompile MODEL_DIR")) from None
     if not isinstance(document, dict):
         raise ArtifactError(located(path, "", "not a JSON object", "recompile MODEL_DIR"))
-    version = document.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
-        raise ArtifactError(
-            located(path, "schema_version", f"{version!r} is not supported (this rlopt reads {SCHEMA_VERSION})",
-                    "recompile with this rlopt, or upgrade rlopt")
-        )
+    check_schema_version(document, model_dir)
     try:
         manifest = Manifest.model_validate(document)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ArtifactError(located(path, field, str(err["msg"]), "recompile MODEL_DIR")) from None
+        raise _invalid(path, exc) from None
     if manifest.content_sha256 != manifest.compute_content_sha256():
         raise ArtifactError(
             located(path, "content_sha256", "manifest.json was modified after it was written", "recompile MODEL_DIR")
         )
+    check_facts(manifest, path)
     return manifest
+
+
+def check_schema_version(document: dict[str, Any], model_dir: Path) -> None:
+    """Refuse, in one line, a manifest whose layout this rlopt does not read: an older one names the command that
+    rebuilds the MODEL_DIR, a newer one says to upgrade rlopt."""
+    path = model_dir / MANIFEST_NAME
+    version = document.get("schema_version")
+    rebuild = f"rlopt compile RECIPE -o {model_dir}"
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ArtifactError(located(path, "schema_version", f"{version!r} is not a schema version (this rlopt reads "
+                                    f"{SCHEMA_VERSION})", f"rebuild it: {rebuild}"))
+    if version == SCHEMA_VERSION:
+        return
+    writer = document.get("rlopt_version")
+    by = f"rlopt {writer}" if isinstance(writer, str) and writer else "another rlopt"
+    if version < SCHEMA_VERSION:
+        raise ArtifactError(located(path, "schema_version", f"{version} was written by {by} and this rlopt reads "
+                                    f"{SCHEMA_VERSION}", rebuild))
+    raise ArtifactError(located(path, "schema_version", f"{version} was written by {by}, newer than this rlopt, "
+                                f"which reads {SCHEMA_VERSION}", f"upgrade rlopt, or rebuild it with this one: {rebuild}"))
+
+
+def check_facts(manifest: Manifest, path: Path) -> None:
+    """Every facts object against its typed model (rlopt/facts.py, rlopt/backends/<name>/facts.py): a declared
+    fact of the wrong type is one ArtifactError line, so the runtime's typed reads never fail later."""
+    from rlopt.backends import facts_of
+    from rlopt.facts import NetworkFacts
+
+    for name, network in manifest.networks.items():
+        where = f"networks.{name}.facts"
+        try:
+            NetworkFacts.of(network.facts)
+            for backend, artifact in network.artifacts.items():
+                where = f"networks.{name}.artifacts.{backend}.facts"
+                facts_of(backend, artifact.facts)
+        except ValidationError as exc:
+            raise _invalid(path, exc, where) from None
+
+
+def _invalid(path: Path, exc: ValidationError, prefix: str = "") -> ArtifactError:
+    err = exc.errors()[0]
+    field = ".".join([prefix] * bool(prefix) + [str(p) for p in err["loc"]])
+    return ArtifactError(located(path, field, str(err["msg"]), "recompile MODEL_DIR"))
+
+
+def manifest_json_schema() -> dict[str, Any]:
+    """The JSON schema of manifest.json (`rlopt schema manifest`): Manifest's, with each `facts` object described
+    by its typed models (network facts; per backend, one of the backends' facts models)."""
+    from pydantic.json_schema import models_json_schema
+
+    from rlopt.backends import BACKENDS
+    from rlopt.facts import NetworkFacts
+
+    backend_models = list(dict.fromkeys(backend.facts for backend in BACKENDS.values()))
+    keys, combined = models_json_schema([(Manifest, "validation"), (NetworkFacts, "validation"),
+                                         *[(model, "validation") for model in backend_models]])
+    definitions = combined["$defs"]
+    schema = dict(definitions.pop(keys[(Manifest, "validation")]["$ref"].rsplit("/", 1)[-1]))
+    network_ref = keys[(NetworkFacts, "validation")]
+    backend_refs = [keys[(model, "validation")] for model in backend_models]
+    definitions["NetworkRecord"]["properties"]["facts"] = {
+        **network_ref, "description": "results that belong to no single backend (keys not listed are kept)"}
+    definitions["BackendRecord"]["properties"]["facts"] = {
+        "anyOf": backend_refs, "description": "what the build recorded; the model is the backend's (the artifacts "
+        "key): " + ", ".join(f"{name}: {backend.facts.__name__}" for name, backend in BACKENDS.items())}
+    schema["$defs"] = definitions
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -1,20 +1,27 @@
-"""Verification: parity of a backend against recorded PyTorch outputs, and re-checking a whole MODEL_DIR."""
+"""Verification: parity of a backend against recorded PyTorch outputs, and re-checking a whole MODEL_DIR.
+
+`gate_runner` is the one parity gate: compile runs it on every built artifact (rlopt.compile.pipeline) and
+`rlopt verify` re-runs it on a MODEL_DIR, so both check the same code paths the same way.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
-from rlopt.errors import ArtifactError, BackendUnavailable
+from rlopt.backends import facts_of, unavailable_reason
+from rlopt.backends.base import Infer, Runner
+from rlopt.errors import ArtifactError, BackendUnavailable, describe_exception
+from rlopt.facts import ArtifactFacts, Facts
 from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read_manifest
 from rlopt.parity import ParityAccumulator, Tolerance
 from rlopt.reference import Reference
 from rlopt.runtime import open_artifact
-from rlopt.backends import unavailable_reason
-from rlopt.backends.tvm.runner import gate_passed
+from rlopt.runtime.routes import unbucketed_variant
 
 
 def check_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Reference, kind: str,
@@ -25,6 +32,91 @@ def check_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], ref
     for _point, feeds, expected in reference.pairs():
         accumulator.add(expected, infer(feeds))
     return accumulator.result()
+
+
+@dataclass
+class GateResult:
+    """What the parity gate found for one runner.
+
+    `parity` is what the artifact's record keeps: the main check's, or a failing required variant's (None when
+    the runner raised on the recorded inputs: `error`). `variant_parity` is facts.variant_parity (each a Parity
+    record as JSON, or {passed: False, error} for a trick that raised), tricks first. `serving` is the code path
+    that serves shapes without their own build (facts-level, after the gate), `serving_infer` its call when this
+    runner has it (compile times it at opt for `auto`).
+    """
+
+    parity: Parity | None
+    variant_parity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    serving: str | None = None
+    serving_infer: Infer | None = None
+    error: str | None = None
+    failed_variant: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.parity is not None and self.parity.passed
+
+    def failure(self, subject: str) -> str | None:
+        """One line for the failure list ('<network>/<backend>' as `subject`), None when the gate passed."""
+        if self.error is not None:
+            return f"{subject}: running the artifact raised {self.error}"
+        if self.parity is None or self.parity.passed:
+            return None
+        variant = f" ({self.failed_variant})" if self.failed_variant else ""
+        return f"{subject}{variant}: parity failed (max_abs {self.parity.max_abs:.3g})"
+
+
+def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance, *,
+                variant_samples: int | None, facts: ArtifactFacts | Mapping[str, Any] | None = None,
+                trusted: Callable[[str], bool] | None = None) -> GateResult:
+    """The parity gate: the runner's main path on every recorded sample, then its tricks, then its required paths.
+
+    1. `runner.infer` on the whole reference must pass; else the gate stops there (a raise is `error`).
+    2. Tricks (`gated_variants`, e.g. TVM's padding into a bigger build) run on the first `variant_samples`
+       samples per shape; each verdict is recorded and only a passing trick is used later, so a failing (or
+       raising) one turns the trick off, not the artifact. With `trusted` (verify), only the tricks it accepts
+       (the manifest says they passed) are checked, and one of those failing fails the gate.
+    3. Required paths (`parity_variants`, e.g. TVM's dynamic library) must pass: on `variant_samples` samples per
+       shape when the path serves other shapes (or nothing else does), else on one (it then serves nothing, and an
+       untuned dynamic library can take 100 ms a call). The first failure stops the gate.
+    `variant_samples` None = every sample. `facts` (the artifact's) say which path serves shapes without a build.
+    """
+    try:
+        parity = check_parity(runner.infer, reference, kind, distribution, tolerance)
+    except Exception as exc:  # the backend itself failed on recorded inputs: a verification failure
+        return GateResult(None, error=describe_exception(exc))
+    result = GateResult(parity)
+    if not parity.passed:
+        return result
+    head = reference if variant_samples is None else reference.head(variant_samples)
+    gated = {name: infer for name, infer in runner.gated_variants().items() if trusted is None or trusted(name)}
+    for variant, infer in gated.items():
+        try:
+            extra = check_parity(infer, head, kind, distribution, tolerance)
+        except Exception as exc:  # a trick that cannot run is a trick not used
+            result.variant_parity[variant] = {"passed": False, "error": describe_exception(exc)}
+            if trusted is not None:
+                result.error = f"{variant}: {describe_exception(exc)}"
+                return result
+            continue
+        result.variant_parity[variant] = extra.model_dump(mode="json")
+        if trusted is not None and not extra.passed:
+            result.parity, result.failed_variant = extra, variant
+            return result
+    known = facts.as_dict() if isinstance(facts, Facts) else dict(facts or {})
+    verdicts = {**known.get("variant_parity", {}), **result.variant_parity}
+    result.serving = unbucketed_variant({**known, "variant_parity": verdicts})
+    variants = runner.parity_variants()
+    for variant, infer in variants.items():
+        samples = variant_samples if result.serving in (None, variant) else 1
+        subset = reference if samples is None else reference.head(samples)
+        extra = check_parity(infer, subset, kind, distribution, tolerance)
+        result.variant_parity[variant] = extra.model_dump(mode="json")
+        if not extra.passed:
+            result.parity, result.failed_variant = extra, variant
+            return result
+    result.serving_infer = {**variants, **gated}.get(result.serving) if result.serving else None
+    return result
 
 
 @dataclass
@@ -81,7 +173,8 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
             except ArtifactError as exc:
                 report.findings.append(Finding(name, backend, False, str(exc)))
                 continue
-            reason = unavailable_reason(backend, artifact.facts)
+            facts = facts_of(backend, artifact.facts)
+            reason = unavailable_reason(backend, facts)
             if reason is not None:
                 report.findings.append(Finding(name, backend, True, f"sha256 ok; parity not re-run here: {reason}"))
                 continue
@@ -91,23 +184,24 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
             reference = Reference.load(checked_file(model_dir, network.reference), list(network.inputs),
                                        network.outputs)
             try:
-                runner = open_artifact(model_dir, backend, artifact, list(network.inputs))
+                runner = open_artifact(model_dir, backend, artifact, list(network.inputs), facts)
             except (ArtifactError, BackendUnavailable) as exc:
                 report.findings.append(Finding(name, backend, False, str(exc)))
                 continue
+            gate = facts.parity_gate  # reduced-precision artifacts carry their own gate
+            used = Tolerance(gate.atol, gate.rtol, gate.max_kl) if gate else tol
             try:
-                gate = artifact.facts.get("parity_gate")  # reduced-precision artifacts carry their own gate
-                used = Tolerance(gate["atol"], gate["rtol"], gate["max_kl"]) if gate else tol
-                parity = check_parity(runner.infer, reference, network.kind, network.distribution, used)
-                # paths infer skips on the reference shapes (TVM's dynamic fallback) are re-checked too
-                # and the tricks the manifest says passed the gate (the runtime uses those and only those)
-                gated = {name: infer for name, infer in runner.gated_variants().items()
-                         if gate_passed(artifact.facts, name)}
-                for infer in [*runner.parity_variants().values(), *gated.values()]:
-                    extra = check_parity(infer, reference, network.kind, network.distribution, used)
-                    parity = parity if extra.passed else extra
+                # every path `infer` may skip on the reference shapes (TVM's dynamic library), on every sample, and
+                # the tricks the manifest says passed the gate (the runtime uses those and only those)
+                result = gate_runner(runner, reference, network.kind, network.distribution, used,
+                                     variant_samples=None, facts=facts, trusted=facts.gate_passed)
             finally:
                 runner.close()
+            if result.error is not None:
+                report.findings.append(Finding(name, backend, False, f"running the artifact raised {result.error}"))
+                continue
+            parity = result.parity
+            assert parity is not None  # set whenever the runner did not raise
             detail = f"parity ok over {parity.compared} samples" if parity.passed else "parity FAILED"
             report.findings.append(Finding(name, backend, parity.passed, detail, parity))
     return report

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 import rlopt
-from rlopt.backends.tvm import runner as tvm_runner
-from rlopt.backends.tvm.runner import KernelChain, VmCall, record_chain
+from rlopt.backends.tvm import chain as tvm_chain
+from rlopt.backends.tvm.chain import KernelChain, record_chain
+from rlopt.backends.tvm.runner import VmCall
+from rlopt.runtime.outputs import flatten_outputs
 
 SHAPES = [(1, 1, 32), (2, 3, 32), (4, 6, 32)]
 
@@ -23,7 +25,7 @@ def _vm_outputs(session: rlopt.Session, x: np.ndarray) -> list[np.ndarray]:
     runner = session._runners["tvm"]
     vm = relax.VirtualMachine(runner._libraries[(x.shape,)], tvm.cpu(0))
     result = vm["main"](tvm.runtime.tensor(x))
-    return [t.numpy() for t in tvm_runner.flatten_outputs(result)]
+    return [t.numpy() for t in flatten_outputs(result)]
 
 
 @pytest.mark.parametrize("network", ["policy", "value"])
@@ -47,7 +49,7 @@ def test_chain_matches_the_vm_call_after_call(tiny_compiled: Path, network: str)
 
 def test_large_aligned_inputs_are_read_in_place_and_unaligned_ones_staged(tiny_compiled: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tvm_runner, "STAGE_BYTES", 0)  # every input counts as large
+    monkeypatch.setattr(tvm_chain, "STAGE_BYTES", 0)  # every input counts as large
     session = rlopt.load(tiny_compiled, "policy", backend="tvm")
     rng = np.random.default_rng(12)
     shape = (4, 6, 32)
@@ -129,7 +131,7 @@ def test_an_output_that_is_the_input_is_copied_from_the_staging_buffer() -> None
 
 
 def test_a_refused_chain_leaves_the_shape_to_its_vm(tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tvm_runner, "CHAIN_BUILTINS", tvm_runner.CHECK_BUILTINS)  # allocation now refuses
+    monkeypatch.setattr(tvm_chain, "CHAIN_BUILTINS", tvm_chain.CHECK_BUILTINS)  # allocation now refuses
     session = rlopt.load(tiny_compiled, "policy", backend="tvm")
     rng = np.random.default_rng(14)
     shape = (2, 3, 32)

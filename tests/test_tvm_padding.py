@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import rlopt
+from rlopt.backends.tvm.padding import PaddedCall, padding_plan
+from rlopt.backends.tvm.runner import VmCall
 from rlopt.manifest import read_manifest
 from rlopt.runtime import open_artifact, unbucketed_p50, unbucketed_variant
-from rlopt.backends.tvm.runner import PaddedCall, VmCall, padding_plan
 from tests.conftest import run_rlopt
 
 HEADS = [{"shapes": {"x": [1, 1, 32]}, "output_shapes": [[1, 1, 5]]},

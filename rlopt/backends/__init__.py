@@ -5,12 +5,14 @@ Importing this package imports no backend library; a runner's module is imported
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
 from rlopt.backends import onnxruntime, tensorrt, torchscript, tvm
 from rlopt.backends.base import Backend, Runner
 from rlopt.errors import BackendUnavailable
+from rlopt.facts import ArtifactFacts
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     torchscript.BACKEND,
@@ -19,7 +21,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     tensorrt.BACKEND,
 )}
 
-RunnerFactory = Callable[[Path, list[str], dict[str, Any]], Runner]
+RunnerFactory = Callable[[Path, list[str], Any], Runner]
+FactsLike = ArtifactFacts | Mapping[str, Any] | None
 
 
 def _lazy_factory(backend: Backend) -> RunnerFactory:
@@ -29,18 +32,30 @@ def _lazy_factory(backend: Backend) -> RunnerFactory:
 RUNNERS: dict[str, RunnerFactory] = {name: _lazy_factory(b) for name, b in BACKENDS.items()}
 
 
-def unavailable_reason(backend: str, facts: dict[str, Any] | None = None) -> str | None:
+def facts_of(backend: str, facts: FactsLike) -> ArtifactFacts:
+    """An artifact's facts as its backend's typed model (ArtifactFacts for a backend this rlopt does not know).
+
+    Raises pydantic's ValidationError on a declared fact of the wrong type; `read_manifest` has already checked
+    the facts of every artifact it read, so from a loaded manifest this never raises.
+    """
+    model = BACKENDS[backend].facts if backend in BACKENDS else ArtifactFacts
+    return model.of(facts)
+
+
+def unavailable_reason(backend: str, facts: FactsLike = None) -> str | None:
     """None when `backend` can run here, else one line saying why not. Imports nothing heavy."""
     if backend not in BACKENDS:
         return f"no runtime for '{backend}' on this machine"
-    return BACKENDS[backend].unavailable(facts or {})
+    return BACKENDS[backend].unavailable(facts_of(backend, facts))
 
 
-def open_runner(backend: str, path: Path, input_names: list[str], facts: dict[str, Any]) -> Runner:
-    reason = unavailable_reason(backend, facts)
+def open_runner(backend: str, path: Path, input_names: list[str], facts: FactsLike) -> Runner:
+    """Open `path` with `backend`'s runner after its availability rule passed; the runner gets typed facts."""
+    typed = facts_of(backend, facts)
+    reason = BACKENDS[backend].unavailable(typed) if backend in BACKENDS else unavailable_reason(backend)
     if reason is not None:
         raise BackendUnavailable(f"backend '{backend}' cannot run here: {reason}")
-    return RUNNERS[backend](path, input_names, facts)
+    return RUNNERS[backend](path, input_names, typed)
 
 
-__all__ = ["BACKENDS", "Backend", "Runner", "RUNNERS", "open_runner", "unavailable_reason"]
+__all__ = ["BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "open_runner", "unavailable_reason"]

@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlopt.facts import ArtifactFacts
+
 Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 
@@ -51,8 +53,9 @@ class Runner:
 class Backend:
     """Everything rlopt knows about one backend, importable without the backend's own library.
 
-    `runner` and `build` are "module:attribute" paths, imported only when used. `unavailable`
-    returns None when the backend's artifacts can run here, else one line saying why not.
+    `runner` and `build` are "module:attribute" paths, imported only when used. `facts` is the typed
+    view of what its build records (an ArtifactFacts subclass); `unavailable` and `threads` take it.
+    `unavailable` returns None when the backend's artifacts can run here, else one line saying why not.
     `threads` says how many threads the backend computes with, from the facts its build recorded.
     """
 
@@ -60,10 +63,11 @@ class Backend:
     module: str
     runner: str
     build: str
-    unavailable: Callable[[dict[str, Any]], str | None]
-    threads: Callable[[dict[str, Any]], int | str]
+    unavailable: Callable[[Any], str | None]
+    threads: Callable[[Any], int | str]
     triton_platform: tuple[str, str] | None = None
     native: bool = False
+    facts: type[ArtifactFacts] = ArtifactFacts
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]

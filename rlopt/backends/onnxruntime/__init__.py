@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.machine import gpu_absent_reason
 
 
-def _unavailable(facts: dict[str, Any]) -> str | None:
+def _unavailable(facts: OnnxRuntimeFacts) -> str | None:
     missing = module_missing("onnxruntime")
     if missing:
         return missing
-    wanted = [p for p in facts.get("providers", []) if p != "CPUExecutionProvider"]
+    wanted = [p for p in facts.providers if p != CPU_PROVIDER]
     if wanted and gpu_absent_reason():
         return f"providers {wanted} need a GPU: {gpu_absent_reason()}"
     return None
 
 
-def _threads(facts: dict[str, Any]) -> int | str:
-    return int(facts.get("intra_op_threads") or 0) or "ONNX Runtime default (one per physical core)"
+def _threads(facts: OnnxRuntimeFacts) -> int | str:
+    return facts.intra_op_threads or "ONNX Runtime default (one per physical core)"
 
 
 BACKEND = Backend(
     name="onnxruntime", module="onnxruntime",
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
     build="rlopt.backends.onnxruntime.build:check_onnxruntime",
-    unavailable=_unavailable, threads=_threads,
+    unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts,
     triton_platform=("onnxruntime_onnx", "model.onnx"))

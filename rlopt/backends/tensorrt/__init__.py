@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.machine import gpu_absent_reason
 
 
-def _unavailable(facts: dict[str, Any]) -> str | None:
+def _unavailable(facts: TensorRTFacts) -> str | None:
     return module_missing("tensorrt") or gpu_absent_reason()
 
 
@@ -16,5 +15,5 @@ BACKEND = Backend(
     name="tensorrt", module="tensorrt",
     runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
     build="rlopt.backends.tensorrt.build:build_engine",
-    unavailable=_unavailable, threads=lambda facts: "GPU",
+    unavailable=_unavailable, threads=lambda facts: "GPU", facts=TensorRTFacts,
     triton_platform=("tensorrt_plan", "model.plan"), native=True)

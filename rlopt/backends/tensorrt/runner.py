@@ -8,6 +8,7 @@ which the call-sequence tests do with recording stand-ins.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends.base import Runner
+from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.lazy import require
 from rlopt.machine import gpu_absent_reason
@@ -23,7 +25,7 @@ from rlopt.machine import gpu_absent_reason
 class TensorRTRunner(Runner):
     """Owns the runtime, engine, execution context and stream it creates; `close` releases them."""
 
-    def __init__(self, path: Path, input_names: list[str], facts: dict[str, Any], *,
+    def __init__(self, path: Path, input_names: list[str], facts: TensorRTFacts | Mapping[str, Any], *,
                  trt: ModuleType | None = None, torch: ModuleType | None = None) -> None:
         self.input_names = input_names
         if trt is None:

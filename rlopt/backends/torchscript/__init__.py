@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.torchscript.facts import TorchScriptFacts
 
 
-def _threads(facts: dict[str, Any]) -> int | str:
+def _threads(facts: TorchScriptFacts) -> int | str:
     return int(os.environ.get("OMP_NUM_THREADS", "0")) or "torch default"
 
 
@@ -16,5 +16,5 @@ BACKEND = Backend(
     name="torchscript", module="torch",
     runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
     build="rlopt.backends.torchscript.build:build_torchscript",
-    unavailable=lambda facts: module_missing("torch"), threads=_threads,
+    unavailable=lambda facts: module_missing("torch"), threads=_threads, facts=TorchScriptFacts,
     triton_platform=("pytorch_libtorch", "model.pt"))

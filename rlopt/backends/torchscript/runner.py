@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rlopt.backends.base import Runner
+from rlopt.backends.torchscript.facts import TorchScriptFacts
 from rlopt.errors import ArtifactError, located
 from rlopt.lazy import require
 from rlopt.runtime.outputs import flatten_outputs
 
 
 class TorchScriptRunner(Runner):
-    def __init__(self, path: Path, input_names: list[str], facts: dict[str, Any]) -> None:
+    def __init__(self, path: Path, input_names: list[str], facts: TorchScriptFacts | Mapping[str, Any]) -> None:
         torch = require("torch")
         self._torch = torch
         self.input_names = input_names

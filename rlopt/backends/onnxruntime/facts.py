@@ -1,0 +1,32 @@
+"""What the ONNX Runtime build records (artifact facts of backend `onnxruntime`) and its runner reads back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rlopt.facts import ArtifactFacts
+
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+class OnnxRuntimeFacts(ArtifactFacts):
+    """An ONNX Runtime artifact: which providers the build proved, and how the session is configured."""
+
+    providers: list[str] = Field(default_factory=list, description="exactly the providers the session opens with")
+    intra_op_threads: int | None = Field(None, description="intra-op threads (ONNX Runtime's default when absent)")
+    allow_spinning: bool | None = Field(
+        None, description="False: the pool does not spin between calls (set by `auto` when ORT shares the process)")
+    graph_optimization: str | None = None
+    onnxruntime: str | None = Field(None, description="the ONNX Runtime version that proved the session")
+    latency_without_spinning_us: dict[str, float] = Field(
+        default_factory=dict, description="p50 per named point with spinning off: what `auto` ranks in a mix")
+    int8: dict[str, Any] | None = Field(None, description="dynamic quantization's report, when int8 was asked for")
+
+    @property
+    def session_providers(self) -> list[str]:
+        return list(self.providers or [CPU_PROVIDER])
+
+
+__all__ = ["CPU_PROVIDER", "OnnxRuntimeFacts"]

@@ -1,0 +1,60 @@
+"""One way to open an ONNX Runtime session: the options rlopt sets, exactly the providers asked for, typed errors.
+
+Every place that opens a session (the runner, the build's provider check, int8 quantization's gate, GEMM padding's
+exactness check, bench) goes through `make_session`, so a setting is decided once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from rlopt.backends.onnxruntime.facts import CPU_PROVIDER
+from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
+from rlopt.lazy import require
+
+Optimization = Literal["disable", "basic", "extended", "all"]
+_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+           "all": "ORT_ENABLE_ALL"}
+
+
+def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = None, spinning: bool | None = None,
+                 optimization: Optimization | None = "all", providers: list[str] | None = None,
+                 inter_op_threads: int | None = None) -> Any:
+    """An `onnxruntime.InferenceSession` on `path_or_bytes` (a file or the serialized model).
+
+    threads: intra-op threads (None: ONNX Runtime's default, one per physical core); spinning: False stops the
+    intra-op pool from spinning between calls (None: ONNX Runtime's default, spinning); optimization: the graph
+    optimization level (None: ONNX Runtime's default); providers: exactly these, in order (default CPU only).
+    Raises ArtifactError when ONNX Runtime cannot load the model, and BackendUnavailable when the session lacks a
+    requested provider (ONNX Runtime would silently fall back to the CPU).
+    """
+    ort = require("onnxruntime")
+    wanted = list(providers or [CPU_PROVIDER])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if optimization is not None:
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[optimization])
+    if threads:
+        options.intra_op_num_threads = int(threads)
+    if inter_op_threads:
+        options.inter_op_num_threads = int(inter_op_threads)
+    if spinning is False:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    model = path_or_bytes if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
+    try:
+        session = ort.InferenceSession(model, sess_options=options, providers=wanted)
+    except Exception as exc:  # onnxruntime raises its own untyped errors for a corrupt model
+        where = "ONNX model (bytes)" if isinstance(path_or_bytes, bytes) else path_or_bytes
+        raise ArtifactError(located(where, "", f"ONNX Runtime cannot load it ({first_line(exc)})",
+                                    "recompile MODEL_DIR")) from None
+    missing = [p for p in wanted if p not in session.get_providers()]
+    if missing:
+        raise BackendUnavailable(
+            f"ONNX Runtime provider(s) {missing} requested but the session has only {session.get_providers()}; "
+            f"fix: install onnxruntime-gpu on a GPU machine or request {CPU_PROVIDER}"
+        )
+    return session
+
+
+__all__ = ["make_session"]

@@ -1,0 +1,61 @@
+"""What a TVM build records (artifact facts of backend `tvm`) and its runner and `auto` read back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rlopt.facts import ArtifactFacts, Facts, FileRef
+
+ShapeKey = tuple[tuple[int, ...], ...]
+
+
+class ShapeBuild(Facts):
+    """One tuned static library, built for one named shape: its input and output shapes and its file."""
+
+    points: list[str] = Field(default_factory=list, description="the named points (min, opt, ...) at this shape")
+    shapes: dict[str, list[int]] = Field(default_factory=dict, description="input name -> dims")
+    output_shapes: list[list[int]] | None = Field(None, description="static output dims, in the runner's order")
+    tuned_kernels: list[str] = Field(default_factory=list)
+    untuned_kernels: list[str] = Field(default_factory=list)
+    ifs_folded: int = 0
+    file: FileRef | None = Field(None, description="the library, next to the dynamic one")
+
+    def key(self, input_names: list[str]) -> ShapeKey:
+        """The input shapes in input order: how the runner and `auto` key a shape."""
+        return tuple(tuple(int(d) for d in self.shapes[name]) for name in input_names)
+
+
+class TvmFacts(ArtifactFacts):
+    """A TVM artifact: the dynamic library (the artifact itself) plus `shape_builds`, one static library each."""
+
+    target: dict[str, Any] = Field(default_factory=dict, description="the TVM target, completed for the build host")
+    cpu_features: list[str] = Field(default_factory=list, description="ISA features the generated code needs")
+    num_threads: int | None = Field(None, description="TVM threads, chosen by measurement at compile time")
+    shape_builds: list[ShapeBuild] = Field(default_factory=list)
+    tuned: bool | None = None
+    tuning_summary: str | None = None
+    fused_kernels: list[str] = Field(default_factory=list)
+    thread_latency_us: dict[str, Any] = Field(default_factory=dict, description="p50 per thread count, per shape")
+    database: dict[str, Any] | None = Field(None, description="the tuning database applied")
+    pipeline: str | None = None
+    tvm: str | None = Field(None, description="the TVM version that built the libraries")
+
+    @property
+    def device_kind(self) -> str:
+        return "cuda" if self.target.get("kind") == "cuda" else "cpu"
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device_kind == "cpu"
+
+    def bucket_files(self) -> list[FileRef]:
+        """The per-shape libraries that travel with the dynamic one."""
+        return [build.file for build in self.shape_builds if build.file is not None]
+
+    def companion_files(self) -> list[FileRef]:
+        return self.bucket_files()
+
+
+__all__ = ["ShapeBuild", "ShapeKey", "TvmFacts"]

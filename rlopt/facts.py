@@ -1,0 +1,130 @@
+"""Typed facts: what compile records about an artifact or a network, and what the runtime reads back.
+
+In manifest.json `facts` stays a plain JSON object (the manifest's records hold it as a dict, and compile writes
+dicts); these models are its typed view. Each backend's model lives beside its runner (`rlopt/backends/<name>/
+facts.py`, named by its `Backend.facts`); the network-level facts and the base every backend model extends live
+here. Every model keeps keys it does not declare (extra="allow"), so a fact written today is never dropped or
+refused; the declared ones are type-checked when manifest.json is read (`rlopt.manifest.read_manifest`).
+
+Imports nothing but pydantic: the runtime reads these without torch, tvm or any compile code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Facts(BaseModel):
+    """A typed view of a `facts` object: declared keys are checked, every other key is kept as it was written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def of(cls, facts: Facts | Mapping[str, Any] | None) -> Self:
+        """`facts` as this model: a model of this class is returned as is, a dict (or another Facts) is validated."""
+        if isinstance(facts, cls):
+            return facts
+        if isinstance(facts, Facts):
+            return cls.model_validate(facts.as_dict())
+        return cls.model_validate(dict(facts or {}))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object these facts came from: only keys that were given (defaults are not added)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class FileRef(Facts):
+    """A file listed inside facts (TVM's per-shape libraries): relative to MODEL_DIR, checked like any artifact."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+
+class ParityGate(Facts):
+    """The tolerances a reduced-precision artifact was gated with; `rlopt verify` re-checks with the same ones."""
+
+    atol: float
+    rtol: float
+    max_kl: float
+    why: str = ""
+
+
+class VariantParity(Facts):
+    """The parity gate's verdict on one code path of an artifact (a Parity record, or `error` when it raised)."""
+
+    passed: bool = False
+    error: str | None = None
+
+
+class ArtifactFacts(Facts):
+    """Facts every backend's artifact may carry; a backend's own model extends this."""
+
+    verified: bool | None = Field(None, description="False: built, but this machine could not run it (see not_verified)")
+    not_verified: str | None = Field(None, description="why the artifact could not be verified at compile time")
+    verify_error: str | None = Field(None, description="what running the artifact on recorded inputs raised")
+    notice: str | None = Field(None, description="one line for the user (e.g. a precision not applied)")
+    precision_built: str | None = Field(None, description="the precision the artifact was built in (fp32 when absent)")
+    parity_gate: ParityGate | None = Field(None, description="reduced-precision tolerances this artifact was gated by")
+    variant_parity: dict[str, VariantParity] = Field(
+        default_factory=dict, description="per code path (TVM's dynamic, padded): the parity gate's verdict")
+    variant_latency_us: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="per code path: p50 latency per named point (opt), for `auto`")
+
+    def companion_files(self) -> list[FileRef]:
+        """Files that travel with the artifact and are loaded with it (checked like it); none by default."""
+        return []
+
+    def gate_passed(self, variant: str) -> bool:
+        """Whether compile's parity gate passed `variant` (variant_parity.<variant>.passed)."""
+        verdict = self.variant_parity.get(variant)
+        return verdict is not None and verdict.passed
+
+
+class TensorRTPlanFacts(Facts):
+    """The validated TensorRT plan: optimization profiles and builder settings (network facts.tensorrt_plan)."""
+
+    profiles: list[dict[str, dict[str, list[int]]]] = Field(default_factory=list)
+    precision: str | None = None
+    precision_source: str | None = None
+    workspace_mb: int | None = None
+    refittable: bool | None = None
+    builder_optimization_level: int | None = None
+    timing_cache: str | None = None
+    time_budget_s: float | None = None
+
+
+class PadGemmFacts(Facts):
+    """GEMM padding of the exported graph (network facts.pad_gemm); `padded`, `skipped`, `exactness` kept as written."""
+
+    applied: bool = False
+    pad_gemm: int | str | None = None
+    reason: str | None = None
+    dropped: str | None = None
+
+
+class PrecisionFacts(Facts):
+    """What each backend did with the network's requested precision (network facts.precision)."""
+
+    requested: str | None = None
+    backends: dict[str, str] = Field(default_factory=dict)
+
+
+class NetworkFacts(Facts):
+    """Per-network results that belong to no single backend (manifest networks.<n>.facts)."""
+
+    tensorrt_plan: TensorRTPlanFacts | None = None
+    pad_gemm: PadGemmFacts | None = None
+    precision: PrecisionFacts | None = None
+    triton: list[str] = Field(default_factory=list, description="the Triton models written under triton/")
+    auto_routes: dict[str, str] = Field(
+        default_factory=dict, description="compile's `auto` table: backend per shape label, and 'other'")
+    auto_onnxruntime_spinning: bool | None = Field(
+        None, description="whether `auto` lets ONNX Runtime spin (only when it is the session's only backend)")
+
+
+__all__ = ["ArtifactFacts", "Facts", "FileRef", "NetworkFacts", "PadGemmFacts", "ParityGate", "PrecisionFacts",
+           "TensorRTPlanFacts", "VariantParity"]

@@ -1,0 +1,111 @@
+"""`load`: manifest -> the backends a network needs -> checked artifacts -> runners -> a Session."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
+from rlopt.errors import ArtifactError, UsageError, located
+from rlopt.facts import ArtifactFacts
+from rlopt.manifest import (
+    MANIFEST_NAME,
+    BackendRecord,
+    FileRecord,
+    Manifest,
+    checked_file,
+    checked_private_copy,
+    read_manifest,
+)
+from rlopt.runtime.routes import auto_routes, ranked_backends
+from rlopt.runtime.session import Session
+
+KNOWN_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
+
+
+def usable_backends(manifest: Manifest, model_dir: Path, network: str) -> list[str]:
+    """Verified backends that can run on this machine, `selected` first, then by opt latency."""
+    record = manifest.network(network, model_dir)
+    usable, reasons = [], []
+    for name in ranked_backends(record):
+        reason = unavailable_reason(name, record.artifacts[name].facts)
+        if reason is None:
+            usable.append(name)
+        else:
+            reasons.append(f"{name}: {reason}")
+    if not usable:
+        raise ArtifactError(
+            located(model_dir / MANIFEST_NAME, f"networks.{network}", "no verified backend can run on this machine"
+                    + (f" ({'; '.join(reasons)})" if reasons else ""), "recompile on this machine")
+        )
+    return usable
+
+
+def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: str) -> str:
+    record = manifest.network(network, model_dir)
+    if backend == "auto":
+        return usable_backends(manifest, model_dir, network)[0]
+    if backend not in KNOWN_BACKENDS:
+        raise UsageError(f"backend '{backend}' is unknown; fix: use auto or one of {', '.join(KNOWN_BACKENDS)}")
+    artifact = record.artifacts.get(backend)
+    where = f"networks.{network}.artifacts.{backend}"
+    if artifact is None:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}.artifacts",
+                                    f"backend '{backend}' was not compiled", "add it to the recipe's backends"))
+    if artifact.skipped:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, where, f"skipped at compile time: {artifact.skipped}",
+                                    "use another backend or auto"))
+    facts = facts_of(backend, artifact.facts)
+    if facts.verified is False:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, where, f"built but never verified: {facts.not_verified}",
+                                    "recompile MODEL_DIR on a machine that can run it"))
+    if not artifact.verified:
+        raise ArtifactError(located(model_dir / MANIFEST_NAME, where, "failed verification at compile time",
+                                    "fix the parity failure and recompile"))
+    return backend
+
+
+def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_names: list[str],
+                  facts: ArtifactFacts | None = None) -> Runner:
+    """Open a backend's artifact after its sha256 matches; native code is loaded from a checked private copy.
+
+    `facts` (default: the artifact's own) lets the caller adjust how it runs (`auto` turns ONNX Runtime's
+    spinning off); the files checked are always the ones the manifest lists.
+    """
+    typed = facts_of(backend, artifact.facts if facts is None else facts)
+    if BACKENDS[backend].native:
+        with tempfile.TemporaryDirectory(prefix="rlopt-load-") as private:
+            for extra in typed.companion_files():  # TVM's per-shape libraries travel with the main one
+                checked_private_copy(model_dir, FileRecord.model_validate(extra.as_dict()), Path(private))
+            return open_runner(backend, checked_private_copy(model_dir, artifact, Path(private)), input_names, typed)
+    return open_runner(backend, checked_file(model_dir, artifact), input_names, typed)
+
+
+def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
+    """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    spinning = True
+    if backend == "auto":
+        record = manifest.network(network, model_dir)
+        plan = auto_routes(record, usable_backends(manifest, model_dir, network))
+        routes, fallback, spinning = plan.routes, plan.fallback, plan.onnxruntime_spinning
+    else:
+        fallback = resolve_backend(manifest, model_dir, network, backend)
+        record, routes = manifest.networks[network], {}
+    runners: dict[str, Runner] = {}
+    try:
+        for name in dict.fromkeys([fallback, *routes.values()]):
+            artifact = record.artifacts[name]
+            facts = facts_of(name, artifact.facts)
+            if name == "onnxruntime" and not spinning:
+                facts = facts.model_copy(update={"allow_spinning": False})
+            runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
+    except BaseException:
+        for runner in runners.values():
+            runner.close()
+        raise
+    return Session(runners, routes, fallback, network, record)
+
+
+__all__ = ["KNOWN_BACKENDS", "load", "open_artifact", "resolve_backend", "usable_backends"]
