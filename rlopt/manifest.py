@@ -29,6 +29,7 @@ class InputProfile(_Model):
     min: list[int]
     opt: list[int]
     max: list[int]
+    range: list[int] | None = None  # integer inputs: the values verification samples (inclusive)
 
 
 def shape_label(dims_per_input: Iterable[Sequence[int]]) -> str:

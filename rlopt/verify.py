@@ -18,7 +18,7 @@ from rlopt.backends.base import Infer, Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, describe_exception
 from rlopt.facts import ArtifactFacts, Facts
 from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read_manifest
-from rlopt.parity import ParityAccumulator, Tolerance
+from rlopt.parity import Tolerance, run_parity
 from rlopt.reference import Reference
 from rlopt.runtime import open_artifact
 from rlopt.runtime.routes import unbucketed_variant
@@ -26,12 +26,9 @@ from rlopt.runtime.routes import unbucketed_variant
 
 def check_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Reference, kind: str,
                  distribution: str, tol: Tolerance) -> Parity:
-    """Run every recorded input through `infer` and compare with PyTorch's outputs."""
-    accumulator = ParityAccumulator(kind, distribution, reference.output_names, tol)
-    accumulator.shapes = [f"{point} {reference.shape(point)}" for point in reference.points]
-    for _point, feeds, expected in reference.pairs():
-        accumulator.add(expected, infer(feeds))
-    return accumulator.result()
+    """Run every recorded input through `infer` and compare with PyTorch's outputs; a network with recurrent
+    state runs every recorded step with the backend's own next state fed back (rlopt.parity.run_parity)."""
+    return run_parity(infer, reference, kind, distribution, tol)
 
 
 @dataclass
