@@ -22,6 +22,11 @@ def usable_cores() -> int:
     return len(usable_core_ids())
 
 
+def load_average() -> list[float] | None:
+    """1/5/15-minute load averages: a measurement on a busy machine says so."""
+    return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
 def gpu_absent_reason() -> str | None:
     """None when an NVIDIA GPU is visible, else the reason it is not (checked without CUDA libraries)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):

@@ -93,7 +93,7 @@ class Roofline:
         """The faster of one core and all cores: small weights do not pay for waking a second thread."""
         if self.binary is None:
             return None
-        from rlopt.tools.affinity import usable_cores
+        from rlopt.machine import usable_cores
 
         return min(self._ask("read", nbytes, threads)[1] for threads in {1, usable_cores()})
 
@@ -316,8 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     recipes = [r.resolve() for r in args.recipes] or BUNDLED
     started = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
-    from rlopt.tools.affinity import usable_cores
-    from rlopt.machine import machine_facts
+    from rlopt.machine import machine_facts, usable_cores
     from rlopt.compile.pipeline import tool_versions
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlopt-bench-"))

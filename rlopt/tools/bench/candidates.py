@@ -32,7 +32,7 @@ from rlopt.lazy import require
 from rlopt.manifest import Manifest, NetworkRecord, checked_file, read_manifest
 from rlopt.reference import Reference
 from rlopt.backends import unavailable_reason
-from rlopt.tools.affinity import usable_cores
+from rlopt.machine import usable_cores
 from rlopt.tools.bench.schema import Skip
 
 Call = Callable[[], object]

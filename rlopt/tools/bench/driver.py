@@ -31,9 +31,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlopt.errors import UsageError, describe_exception
-from rlopt.machine import machine_facts
 from rlopt.manifest import Manifest, read_manifest
-from rlopt.tools.affinity import affinity, load_average, usable_cores
+from rlopt.machine import load_average, machine_facts, usable_core_ids, usable_cores
 from rlopt.tools.bench.analysis import (
     affinity_warnings,
     profile_points,
@@ -336,7 +335,7 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
         check_recipe(model_dir, manifest, Path(recipe))
     if not budget_s > 0:
         raise UsageError(f"--budget {budget_s}: must be > 0 seconds per shape; fix: e.g. --budget 2")
-    cores = affinity()
+    cores = usable_core_ids()
     load_start = load_average()
     names = [network] if network else list(manifest.networks)
     results = [bench_network(model_dir, manifest, name, Path(recipe) if recipe else None, budget_s,

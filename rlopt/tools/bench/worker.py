@@ -19,7 +19,7 @@ import numpy as np
 from rlopt.errors import RloptError, describe_exception
 from rlopt.manifest import read_manifest
 from rlopt.reference import Reference
-from rlopt.tools.affinity import affinity
+from rlopt.machine import usable_core_ids
 from rlopt.tools.bench.candidates import OPENERS, Call, CandidateSpec, OpenCandidate, count_gflop, load_reference
 
 WARMUP_CALLS = 5  # untimed calls per candidate and shape before any timed block
@@ -107,7 +107,7 @@ def _serve(conn: Connection, opened: OpenCandidate, reference: Reference, input_
                 first_ms = (time.perf_counter() - start) * 1e3
                 for _ in range(WARMUP_CALLS - 1):
                     call()
-                reply: tuple[Any, ...] = ("warm", first_ms, gflop, sorted(affinity()))
+                reply: tuple[Any, ...] = ("warm", first_ms, gflop, sorted(usable_core_ids()))
             elif request[0] == "block" and call is not None:
                 samples = np.empty(int(request[1]), dtype=np.int64)
                 call()  # untimed: absorbs the wake-up (SIGCONT, pipe read) of this process and its thread pools

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.machine import machine_facts
-from rlopt.tools.affinity import load_average
+from rlopt.machine import load_average, machine_facts
 from rlopt.tools.warmup.profile import WarmupProfile
 from rlopt.tools.warmup.schema import (
     ConsistencyReport,

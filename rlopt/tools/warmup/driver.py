@@ -30,7 +30,7 @@ import numpy as np
 from rlopt.errors import UsageError
 from rlopt.manifest import NetworkRecord, checked_file, read_manifest, shape_label
 from rlopt.reference import Reference, random_input
-from rlopt.tools.affinity import affinity, usable_cores
+from rlopt.machine import usable_core_ids, usable_cores
 from rlopt.tools.warmup.analysis import LoadRecord, WarmupResult, analyse, max_abs_difference
 from rlopt.tools.warmup.profile import WarmupProfile, load_profile
 from rlopt.tools.warmup.report import write_reports
@@ -116,7 +116,7 @@ class LoadThread:
             self.error = f"thread {self.index}: {type(exc).__name__}: {text[0] if text else ''}"
             self._stop.set()
         finally:
-            self.affinity = affinity()
+            self.affinity = usable_core_ids()
 
 
 def _threads_facts(backend: str, record: NetworkRecord) -> dict[str, Any]:
@@ -221,7 +221,7 @@ def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: f
                            sum(len(w.shape_ids) for w in workers), sum(w.probes_run for w in workers),
                            sum(len(w.divergences) for w in workers), _live_shapes(workers, labels, first_ms, now_s)))
 
-    cores = affinity()
+    cores = usable_core_ids()
     t0 = time.perf_counter()
     session = rlopt.load(model_dir, profile.network, backend)
     load_ms = (time.perf_counter() - t0) * 1e3
