@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = [round(v, 2) for v in os.getloadavg()]
     from rlopt.bench import usable_cores
     from rlopt.machine import machine_facts
-    from rlopt.compile.pipeline import tool_versions
+    from rlopt.compile import tool_versions
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlopt-bench-"))
     try:

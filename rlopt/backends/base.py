@@ -54,6 +54,8 @@ class Backend:
     `runner` and `build` are "module:attribute" paths, imported only when used. `unavailable`
     returns None when the backend's artifacts can run here, else one line saying why not.
     `threads` says how many threads the backend computes with, from the facts its build recorded.
+    `stages` are the "module:Class" paths of its compile stages (rlopt.compile.stage.Stage), run in
+    order after the front end; the artifact is the last applicable one's.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Backend:
     threads: Callable[[dict[str, Any]], int | str]
     triton_platform: tuple[str, str] | None = None
     native: bool = False
+    stages: tuple[str, ...] = ()
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]

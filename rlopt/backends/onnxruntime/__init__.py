@@ -27,4 +27,5 @@ BACKEND = Backend(
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
     build="rlopt.backends.onnxruntime.build:check_onnxruntime",
     unavailable=_unavailable, threads=_threads,
-    triton_platform=("onnxruntime_onnx", "model.onnx"))
+    triton_platform=("onnxruntime_onnx", "model.onnx"),
+    stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",))

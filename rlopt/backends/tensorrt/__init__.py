@@ -17,4 +17,5 @@ BACKEND = Backend(
     runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
     build="rlopt.backends.tensorrt.build:build_engine",
     unavailable=_unavailable, threads=lambda facts: "GPU",
-    triton_platform=("tensorrt_plan", "model.plan"), native=True)
+    triton_platform=("tensorrt_plan", "model.plan"), native=True,
+    stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",))

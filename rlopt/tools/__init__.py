@@ -1,0 +1,1 @@
+"""Tools over a recipe or a MODEL_DIR: bench, warmup, tune."""
