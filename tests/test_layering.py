@@ -39,8 +39,11 @@ def _imports(module: str, path: Path) -> set[str]:
         for target in targets:
             while target and target not in MODULES:
                 target = target.rsplit(".", 1)[0] if "." in target else ""
-            if target and target != module and not module.startswith(target + "."):
-                found.add(target)
+            # importing a.b.c runs a/__init__ and a/b/__init__ first: those are edges too
+            while target:
+                if target in MODULES and target != module and not module.startswith(target + "."):
+                    found.add(target)
+                target = target.rsplit(".", 1)[0] if "." in target else ""
     return found
 
 

@@ -47,6 +47,13 @@ class Runner:
         """Release what this runner created."""
 
 
+def flatten_outputs(value: Any) -> list[Any]:
+    """Tensors are leaves; tuples, lists and TVM Arrays of them are flattened in order."""
+    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
+        return [leaf for item in value for leaf in flatten_outputs(item)]
+    return [value]
+
+
 @dataclass(frozen=True)
 class Backend:
     """Everything rlopt knows about one backend, importable without the backend's own library.

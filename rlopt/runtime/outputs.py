@@ -1,12 +1,7 @@
-"""What every runner and the reference recorder do with a model's return value."""
+"""What every runner and the reference recorder do with a model's return value (defined with the runners)."""
 
 from __future__ import annotations
 
-from typing import Any
+from rlopt.backends.base import flatten_outputs
 
-
-def flatten_outputs(value: Any) -> list[Any]:
-    """Tensors are leaves; tuples, lists and TVM Arrays of them are flattened in order."""
-    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
-        return [leaf for item in value for leaf in flatten_outputs(item)]
-    return [value]
+__all__ = ["flatten_outputs"]

@@ -10,7 +10,7 @@ import numpy as np
 from rlopt.backends.base import Runner
 from rlopt.errors import ArtifactError, located
 from rlopt.lazy import require
-from rlopt.runtime.outputs import flatten_outputs
+from rlopt.backends.base import flatten_outputs
 
 
 class TorchScriptRunner(Runner):

@@ -27,7 +27,7 @@ import numpy as np
 from rlopt.backends.base import Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.lazy import require
-from rlopt.runtime.outputs import flatten_outputs
+from rlopt.backends.base import flatten_outputs
 
 ALIGNMENT = 64
 STAGE_BYTES = 64 * 1024
