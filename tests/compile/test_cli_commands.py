@@ -72,3 +72,9 @@ def test_cache_prune_removes_entries_of_other_code_or_versions(tmp_path: Path) -
     assert cache.prune(lambda stage, c: entry_is_current(stage, c, versions)) == 2
     assert cache.info()["entries"] == {"onnx": 1, "verify onnxruntime": 1, "verify tvm": 0}
     assert cache.lookup("onnx", current) is not None
+
+
+def test_cache_prune_command(tmp_path: Path) -> None:
+    proc = run_rlopt("cache", "prune", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert isinstance(json.loads(proc.stdout)["removed"], int)
