@@ -32,7 +32,7 @@ def compile_command(
 ) -> None:
     """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR."""
     from rlopt.compile.cache import StageCache
-    from rlopt.compile.pipeline import compile_recipe
+    from rlopt.compile import compile_recipe
     from rlopt.render import ProgressReporter, parity_failure_table, stage_table, stderr, stdout, summary_table
 
     with ProgressReporter() as reporter:
@@ -221,8 +221,9 @@ def tune_command(
 ) -> None:
     """MetaSchedule-tune every network at each profile shape; compile then applies the database without re-tuning."""
     from rlopt.render import stderr, stdout
-    from rlopt.backends.tvm.tune_progress import TuneProgress, result_table
-    from rlopt.backends.tvm.tuning import RpcSpec, tune_recipe
+    from rlopt.backends.tvm.tuning import RpcSpec
+    from rlopt.tools.tune import tune_recipe
+    from rlopt.tools.tune.progress import TuneProgress, result_table
 
     rpc = RpcSpec.parse(rpc_tracker, rpc_key) if rpc_tracker else None
     with TuneProgress(stderr) as progress:
@@ -253,6 +254,21 @@ def cache_info_command(json_out: JsonFlag = False) -> None:
         stdout.print(f"  {stage}: {count} entries", markup=False)
 
 
+@cache_app.command("prune")
+def cache_prune_command(json_out: JsonFlag = False) -> None:
+    """Remove entries made by other stage code or other tool versions (they can never hit again)."""
+    from rlopt.compile.cache import StageCache
+    from rlopt.compile.network import entry_is_current, stage_code_versions
+    from rlopt.render import stdout
+
+    versions = stage_code_versions()
+    removed = StageCache().prune(lambda stage, components: entry_is_current(stage, components, versions))
+    if json_out:
+        _print_json({"removed": removed})
+        return
+    stdout.print(f"removed {removed} entries made by other code or tool versions", markup=False)
+
+
 @cache_app.command("clear")
 def cache_clear_command() -> None:
     """Remove every cache entry."""
@@ -262,8 +278,40 @@ def cache_clear_command() -> None:
     stdout.print(f"removed {StageCache().clear()} entries", markup=False)
 
 
+@app.command("schema")
+def schema_command(kind: Annotated[str, typer.Argument(help="recipe, profile or manifest.")]) -> None:
+    """Print the JSON schema of a recipe, a warmup profile or a manifest (for editors and CI validation)."""
+    from rlopt.schema import json_schema
+
+    _print_json(json_schema(kind))
+
+
+def _internal_error(exc: BaseException) -> str:
+    """Write the traceback under the cache directory's logs/; returns the log's path."""
+    import os
+    import tempfile
+    import traceback
+    from datetime import datetime, timezone
+
+    from rlopt.compile.cache import default_cache_root
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"internal-error-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}.log"
+    for folder in (default_cache_root() / "logs", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(f"rlopt {' '.join(sys.argv[1:])}\n{text}", encoding="utf-8")
+            return str(folder / name)
+        except OSError:
+            continue
+    return "(no writable log directory)"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: user errors become one line on stderr and the contract's exit code; usage errors exit 2."""
+    """Entry point: user errors become one line on stderr and the contract's exit code; usage errors exit 2.
+
+    Anything else is a bug in rlopt: one line saying so, the traceback in a log file, exit 3.
+    """
     try:
         app(args=argv)
     except RloptError as exc:
@@ -272,6 +320,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.stderr.write("rlopt: interrupted; nothing was published\n")
         sys.exit(130)
+    except Exception as exc:  # not a user's mistake: every one of those is an RloptError
+        message = " ".join(str(exc).split())
+        sys.stderr.write(f"rlopt: internal error (a bug in rlopt): {type(exc).__name__}: {message}; "
+                         f"the traceback is in {_internal_error(exc)}\n")
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class RloptError(Exception):
     """Base class: a one-line, user-facing message and the exit code it maps to."""
@@ -58,3 +64,42 @@ class VerificationError(RloptError):
 
 class BackendUnavailable(RloptError):
     """A backend cannot run on this machine; the reason goes into the manifest as `skipped`."""
+
+
+# the one-line explanation of a pydantic error, for every file rlopt validates (recipes, profiles)
+_FIXES: dict[str, str] = {
+    "extra_forbidden": "remove it or check its spelling",
+    "missing": "add it",
+    "literal_error": "use one of the listed values",
+    "string_pattern_mismatch": "use only lowercase letters, digits, '_' and '-'",
+    "int_parsing": "give a whole number",
+    "int_type": "give a whole number",
+    "float_parsing": "give a number",
+    "float_type": "give a number",
+    "list_type": "give a list, e.g. [1, 1, 768]",
+    "dict_type": "give a mapping",
+    "model_type": "give a mapping",
+    "string_type": "give a string",
+    "bool_type": "give true or false",
+    "greater_than_equal": "raise it",
+    "greater_than": "raise it",
+    "less_than_equal": "lower it",
+}
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[")))
+
+
+def explain_validation_error(file: Path | str, exc: ValidationError) -> str:
+    """The first pydantic error as one located line."""
+    err = exc.errors()[0]
+    field = _field_path(tuple(err["loc"])) or "(top level)"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    fix = _FIXES.get(err["type"], "correct the value as the message says")
+    if err["type"] == "value_error":
+        message, _, given = message.partition("; fix: ")  # a validator may name its own fix
+        fix = given or "see the message"
+    return located(file, field, message, fix)

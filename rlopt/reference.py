@@ -16,8 +16,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from rlopt.errors import ArtifactError, RecipeError, first_line, located
-from rlopt.recipe import InputSpec, NetworkSpec
-from rlopt.runtime.outputs import flatten_outputs
+from rlopt.recipe import NetworkSpec
+from rlopt.backends.base import flatten_outputs
 
 
 META_STATE = "meta:state"

@@ -1,6 +1,6 @@
 """Verification: parity of a backend against recorded PyTorch outputs, and re-checking a whole MODEL_DIR.
 
-`gate_runner` is the one parity gate: compile runs it on every built artifact (rlopt.compile.pipeline) and
+`gate_runner` is the one parity gate: compile runs it on every built artifact (rlopt.compile) and
 `rlopt verify` re-runs it on a MODEL_DIR, so both check the same code paths the same way.
 """
 

@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     recipes = [r.resolve() for r in args.recipes] or BUNDLED
     started = time.perf_counter()
     load_at_start = [round(v, 2) for v in os.getloadavg()]
+    from rlopt.compile import tool_versions
     from rlopt.machine import machine_facts, usable_cores
-    from rlopt.compile.pipeline import tool_versions
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlopt-bench-"))
     try:

@@ -59,7 +59,7 @@ def write_tiny_recipe(folder: Path, backends: str = "[torchscript, onnxruntime, 
 @pytest.fixture(scope="session")
 def tiny_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A MODEL_DIR compiled from the tiny recipe with every backend; tests must not modify it."""
-    from rlopt.compile.pipeline import compile_recipe
+    from rlopt.compile import compile_recipe
 
     folder = tmp_path_factory.mktemp("tiny")
     result = compile_recipe(write_tiny_recipe(folder), folder / "out")

@@ -175,7 +175,7 @@ def test_cli_compile_refuses_non_model_dir_output(tmp_path: Path) -> None:
 
 
 def test_recompile_replaces_previous_model_dir(tmp_path: Path) -> None:
-    from rlopt.compile.pipeline import compile_recipe
+    from rlopt.compile import compile_recipe
 
     recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
     first = compile_recipe(recipe, tmp_path / "out").manifest.created_at

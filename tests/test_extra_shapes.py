@@ -64,7 +64,7 @@ def test_missing_warmup_profile_is_one_line_with_exit_2(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def extra_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlopt.compile.pipeline import compile_recipe
+    from rlopt.compile import compile_recipe
 
     folder = tmp_path_factory.mktemp("extra")
     result = compile_recipe(_recipe(folder), folder / "out")

@@ -45,7 +45,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def initializer_dims(path: Path) -> set[int]:
-    from rlopt.stages.pad_gemm import _graphs
+    from rlopt.onnx_graph import subgraphs as _graphs
 
     model = onnx.load(str(path))
     return {d for g in _graphs(model.graph) for init in g.initializer for d in init.dims}

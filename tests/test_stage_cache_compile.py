@@ -8,7 +8,7 @@ import pytest
 
 from rlopt.compile.cache import StageCache
 from rlopt.manifest import read_manifest
-from rlopt.compile.pipeline import compile_recipe
+from rlopt.compile import compile_recipe
 from rlopt.verify import verify_model_dir
 from tests.conftest import run_rlopt, write_tiny_recipe
 
@@ -44,7 +44,7 @@ def test_a_changed_recipe_field_misses_with_the_reason(tmp_path: Path) -> None:
     assert outcomes["onnx"] == "hit", "the ONNX export does not depend on verify.samples"
     recipe.write_text(recipe.read_text().replace("seed: 3", "seed: 4"))
     compile_recipe(recipe, tmp_path / "out", cache=cache)
-    assert _outcomes(tmp_path / "out")["onnx"] == "miss: model changed", "new weights change the model identity"
+    assert _outcomes(tmp_path / "out")["onnx"] == "miss: model weights changed", "the export bakes the weights"
 
 
 def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path: Path) -> None:

@@ -28,8 +28,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, ob
     spec = recipe.networks["policy"]
     out = script_network(policy, folder / "model.ts", recipe_path=recipe_path, network="policy", module_path="policy")
     assert out.facts["branches"] >= 1
-    onnx_out = export_onnx(folder / "model.ts", spec, 17, folder / "model.onnx", recipe_path=recipe_path,
-                           network="policy")
+    export_onnx(folder / "model.ts", spec, 17, folder / "model.onnx", recipe_path=recipe_path,
+               network="policy")
     return folder / "model.onnx", policy, recipe
 
 
@@ -265,7 +265,7 @@ def test_dynamo_is_gated_on_onnxscript() -> None:
 
 def test_tvm_names_the_onnx_ops_its_frontend_cannot_convert(tmp_path: Path) -> None:
     from rlopt.errors import BackendUnavailable
-    from rlopt.stages.tvm_import import check_supported, unsupported_ops
+    from rlopt.backends.tvm.importer import check_supported, unsupported_ops
     from tests.data.models.coverage import LstmSequence
 
     ts_path, _ = _script(LstmSequence(), tmp_path)

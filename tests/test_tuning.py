@@ -156,7 +156,7 @@ def test_import_prep_drops_dead_nodes_and_pretransposes_gemm_weights_exactly(pol
 
 
 def test_prune_records_keeps_the_fastest_valid_record_per_workload(tmp_path: Path) -> None:
-    from rlopt.backends.tvm.tuning import RECORD_FILE, prune_records
+    from rlopt.backends.tvm.database import RECORD_FILE, prune_records
 
     def line(workload: int, times: list[float] | None, tag: str) -> str:
         return json.dumps([workload, [[tag], times, {"kind": "llvm"}, []]])
@@ -171,7 +171,7 @@ def test_prune_records_keeps_the_fastest_valid_record_per_workload(tmp_path: Pat
 
 
 def test_shipped_databases_are_pruned() -> None:
-    from rlopt.backends.tvm.tuning import RECORD_FILE
+    from rlopt.backends.tvm.database import RECORD_FILE
 
     root = Path(__file__).resolve().parents[1] / "recipes"
     for folder in root.glob("*.tuning/*"):
@@ -199,7 +199,7 @@ def test_thread_choice_runs_in_process_and_leaves_this_thread_on_every_core(tiny
 # ---------------------------------------------------------------- naming and targets
 
 def test_target_is_completed_for_this_host_and_keys_the_database(tmp_path: Path) -> None:
-    from rlopt.backends.tvm.tuning import database_dir, file_slug, host_cpu, resolve_target, shape_key, target_key
+    from rlopt.backends.tvm.database import database_dir, file_slug, host_cpu, resolve_target, shape_key, target_key
 
     resolved = resolve_target({"kind": "llvm"})
     assert resolved["mcpu"] == host_cpu() and resolved["num-cores"] >= 1
@@ -212,7 +212,7 @@ def test_target_is_completed_for_this_host_and_keys_the_database(tmp_path: Path)
 
 
 def test_profile_shapes_are_distinct_points(tmp_path: Path) -> None:
-    from rlopt.backends.tvm.tuning import profile_shapes
+    from rlopt.backends.tvm.database import profile_shapes
 
     recipe = load_recipe(write_tiny_recipe(tmp_path))
     assert [points for points, _ in profile_shapes(recipe.networks["policy"])] == [["min"], ["opt"], ["max"]]
@@ -234,7 +234,7 @@ def test_missing_cpu_features_are_named(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_unreadable_database_is_one_located_error(tmp_path: Path) -> None:
     from rlopt.errors import StageError
-    from rlopt.backends.tvm.tuning import open_database
+    from rlopt.backends.tvm.database import open_database
 
     assert open_database(tmp_path / "absent", create=False) is None
     (tmp_path / "database_workload.json").write_text("not json\n")
@@ -335,7 +335,7 @@ def test_tune_usage_errors_are_one_line(tmp_path: Path, args: list[str], needles
 
 def test_tune_rejects_a_non_llvm_target(tmp_path: Path) -> None:
     recipe = write_tiny_recipe(tmp_path, extra="tvm: {target: {kind: cuda, arch: sm_86}}\n")
-    from rlopt.backends.tvm.tuning import tune_recipe
+    from rlopt.tools.tune import tune_recipe
 
     with pytest.raises(UsageError, match="tvm.target"):
         tune_recipe(recipe, trials=1)
@@ -345,8 +345,8 @@ def test_tune_rejects_a_non_llvm_target(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_tune_then_compile_applies_the_database_and_resumes(tmp_path: Path) -> None:
-    from rlopt.compile.pipeline import compile_recipe
-    from rlopt.backends.tvm.tuning import database_dir, read_meta, resolve_target
+    from rlopt.compile import compile_recipe
+    from rlopt.backends.tvm.database import database_dir, read_meta, resolve_target
 
     recipe = _static_recipe(tmp_path)
     proc = run_rlopt("tune", str(recipe), "--trials", "2", "--json", timeout=600)
@@ -372,7 +372,7 @@ def test_tune_then_compile_applies_the_database_and_resumes(tmp_path: Path) -> N
     (build,) = facts["shape_builds"]
     assert facts["tuned"] is True and len(build["tuned_kernels"]) == 3 and build["untuned_kernels"] == []
     assert facts["tuning_summary"] == "tuned 1/1 shapes"
-    from rlopt.backends.tvm.tuning import host_cores
+    from rlopt.backends.tvm.database import host_cores
 
     if host_cores() > 1:
         assert set(facts["thread_latency_us"]["2x3x32"]) == {"1", str(host_cores())}, "tuned: timed per count"
@@ -393,7 +393,8 @@ def test_compile_with_tune_trials_tunes_then_builds(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_time_budget_stops_and_marks_the_workload_partial(tmp_path: Path) -> None:
-    from rlopt.backends.tvm.tuning import read_meta, tune_recipe
+    from rlopt.backends.tvm.database import read_meta
+    from rlopt.tools.tune import tune_recipe
 
     recipe = _static_recipe(tmp_path)
     result = tune_recipe(recipe, trials=64, time_budget_s=0.5)
@@ -407,7 +408,7 @@ def test_ctrl_c_stops_tuning_cleanly_and_keeps_the_records(tmp_path: Path) -> No
     import os
     import signal
 
-    from rlopt.backends.tvm.tuning import RECORD_FILE, read_meta
+    from rlopt.backends.tvm.database import RECORD_FILE, read_meta
 
     recipe = _static_recipe(tmp_path)
     records = tmp_path / "static.tuning"
@@ -452,7 +453,7 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60
 
 @pytest.mark.slow
 def test_tune_through_a_real_rpc_tracker_and_server(tmp_path: Path) -> None:
-    from rlopt.backends.tvm.tuning import read_meta
+    from rlopt.backends.tvm.database import read_meta
 
     tracker_port, server_port, key = _free_port(), _free_port(), "rlopt-test"
     tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
@@ -488,7 +489,7 @@ def test_tune_through_a_real_rpc_tracker_and_server(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_shipped_databases_tune_the_bundled_recipes(tmp_path: Path) -> None:
     """The committed databases cover every workload of the bundled recipes on this CPU, or say why not."""
-    from rlopt.backends.tvm.tuning import database_dir, read_meta, resolve_target
+    from rlopt.backends.tvm.database import database_dir, read_meta, resolve_target
 
     root = Path(__file__).resolve().parents[1] / "recipes"
     target = resolve_target({"kind": "llvm"})
@@ -499,7 +500,7 @@ def test_shipped_databases_tune_the_bundled_recipes(tmp_path: Path) -> None:
         meta = read_meta(database_dir(recipe, target))
         assert meta["workloads"], recipe
     shutil.copytree(root, tmp_path / "recipes")
-    from rlopt.compile.pipeline import compile_recipe
+    from rlopt.compile import compile_recipe
 
     result = compile_recipe(tmp_path / "recipes" / "policy_value_heads.yaml", tmp_path / "out",
                             backends=["onnxruntime", "tvm"])

@@ -12,7 +12,7 @@ import rlopt
 from rlopt.backends.tvm import chain as tvm_chain
 from rlopt.backends.tvm.chain import KernelChain, record_chain
 from rlopt.backends.tvm.runner import VmCall
-from rlopt.runtime.outputs import flatten_outputs
+from rlopt.backends.base import flatten_outputs
 
 SHAPES = [(1, 1, 32), (2, 3, 32), (4, 6, 32)]
 

@@ -138,7 +138,7 @@ verify:
 def test_a_network_that_mixes_rows_fails_the_gate_and_is_never_padded(tmp_path: Path) -> None:
     import torch
 
-    from rlopt.compile.pipeline import compile_recipe
+    from rlopt.compile import compile_recipe
     from rlopt.verify import verify_model_dir
 
     (tmp_path / "models").mkdir()

@@ -49,6 +49,13 @@ class Runner:
         """Release what this runner created."""
 
 
+def flatten_outputs(value: Any) -> list[Any]:
+    """Tensors are leaves; tuples, lists and TVM Arrays of them are flattened in order."""
+    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
+        return [leaf for item in value for leaf in flatten_outputs(item)]
+    return [value]
+
+
 @dataclass(frozen=True)
 class Backend:
     """Everything rlopt knows about one backend, importable without the backend's own library.
@@ -57,6 +64,8 @@ class Backend:
     view of what its build records (an ArtifactFacts subclass); `unavailable` and `threads` take it.
     `unavailable` returns None when the backend's artifacts can run here, else one line saying why not.
     `threads` says how many threads the backend computes with, from the facts its build recorded.
+    `stages` are the "module:Class" paths of its compile stages (rlopt.compile.stage.Stage), run in
+    order after the front end; the artifact is the last applicable one's.
     """
 
     name: str
@@ -68,6 +77,7 @@ class Backend:
     triton_platform: tuple[str, str] | None = None
     native: bool = False
     facts: type[ArtifactFacts] = ArtifactFacts
+    stages: tuple[str, ...] = ()
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +27,12 @@ ENTRY_NAME = "entry.json"
 
 
 def default_cache_root() -> Path:
-    return Path(os.environ.get("RLOPT_CACHE") or Path.home() / ".cache" / "rlopt")
+    """$RLOPT_CACHE, else $XDG_CACHE_HOME/rlopt, else ~/.cache/rlopt (contract section 7)."""
+    if os.environ.get("RLOPT_CACHE"):
+        return Path(os.environ["RLOPT_CACHE"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "rlopt"
+    return Path.home() / ".cache" / "rlopt"
 
 
 def canonical(components: dict[str, Any]) -> str:
@@ -59,10 +65,15 @@ def explain_change(previous: dict[str, Any] | None, current: dict[str, Any]) -> 
             reasons.append(f"{name.removeprefix('versions.')} {old.get(name)} -> {new.get(name)}")
         elif name.startswith("versions."):
             reasons.append(f"{name.removeprefix('versions.')} changed")
+        elif name.startswith("upstream") and name.endswith((".weights", ".graph")):
+            reasons.append(f"model {name.rsplit('.', 1)[1]} changed")
         elif name.startswith("upstream"):
             reasons.append(f"{name} changed (upstream artifact)")
+        elif name == "code":
+            reasons.append("the stage's code changed")
         else:
-            reasons.append(f"{name} changed")
+            reasons.append(f"{name.removeprefix('config.')} changed")
+    reasons = list(dict.fromkeys(reasons))
     return "; ".join(reasons) if reasons else "same inputs, but the entry is gone (cleared or corrupt)"
 
 
@@ -156,6 +167,23 @@ class StageCache:
                 entries[stage_dir.name] = sum(1 for e in stage_dir.iterdir() if (e / ENTRY_NAME).is_file())
             total = sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())
         return {"root": str(self.root), "entries": entries, "bytes": total}
+
+    def prune(self, is_current: Callable[[str, dict[str, Any]], bool]) -> int:
+        """Remove every entry whose key components `is_current(stage, components)` rejects, and unreadable ones."""
+        removed = 0
+        if not self.root.is_dir():
+            return 0
+        for stage_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != "index"):
+            for entry in sorted(p for p in stage_dir.iterdir() if p.is_dir()):
+                try:
+                    record = json.loads((entry / ENTRY_NAME).read_text(encoding="utf-8"))
+                    keep = is_current(str(record["stage"]), dict(record["components"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    keep = False
+                if not keep:
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed += 1
+        return removed
 
     def clear(self) -> int:
         removed = sum(self.info()["entries"].values())

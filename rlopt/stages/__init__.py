@@ -1,4 +1,4 @@
 """Stages: each a function from an input artifact and its slice of the recipe to an output artifact plus facts.
 
-The pipeline (`rlopt.compile.pipeline`) composes them; a stage never calls another stage.
+The engine (`rlopt.compile.engine`) runs them; a stage never calls another stage.
 """

@@ -15,7 +15,6 @@ padded in place; Gemm with transA=1 or a broadcast bias is refused.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 
 from rlopt.errors import StageError, located
 from rlopt.lazy import require
+from rlopt.onnx_graph import GraphScope as _Scope, node_attributes as _attrs, subgraphs as _graphs
 from rlopt.stages.base import StageOutput
 
 # Elementwise ops a region between two layers may contain, evaluated on numpy to prove f(0) == 0.
@@ -92,78 +92,6 @@ class PadReport:
 
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def _graphs(graph: Any) -> Iterator[Any]:
-    """The graph and every subgraph inside it (If/Loop/Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.g is not None and attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for sub in attr.graphs:
-                yield from _graphs(sub)
-
-
-def _subgraph_uses(node: Any) -> set[str]:
-    """Every tensor name a node's subgraphs read (outer-scope reads included)."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-        for sub in subs:
-            for graph in _graphs(sub):
-                for inner in graph.node:
-                    names.update(n for n in inner.input if n)
-                names.update(o.name for o in graph.output)
-    return names
-
-
-class _Scope:
-    """Initializers and constant scalars of the whole model, and the consumers of each graph's tensors."""
-
-    def __init__(self, model: Any) -> None:
-        from onnx import numpy_helper
-
-        self.model = model
-        self.initializers: dict[str, tuple[Any, Any]] = {}
-        self.scalars: dict[str, float] = {}
-        for graph in _graphs(model.graph):
-            for init in graph.initializer:
-                self.initializers[init.name] = (graph, init)
-                if int(np.prod(init.dims)) == 1:
-                    self.scalars[init.name] = float(numpy_helper.to_array(init).reshape(()))
-            for node in graph.node:
-                if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                    value = numpy_helper.to_array(node.attribute[0].t)
-                    if value.size == 1:
-                        self.scalars[node.output[0]] = float(value.reshape(()))
-
-    def shape(self, name: str) -> list[int] | None:
-        found = self.initializers.get(name)
-        return list(found[1].dims) if found else None
-
-    def array(self, name: str) -> np.ndarray:
-        from onnx import numpy_helper
-
-        return numpy_helper.to_array(self.initializers[name][1])
-
-    @staticmethod
-    def consumers(graph: Any) -> dict[str, list[tuple[Any, int]]]:
-        """tensor -> [(node, input index)], with -1 for a read from inside a node's subgraph."""
-        found: dict[str, list[tuple[Any, int]]] = {}
-        for node in graph.node:
-            for index, name in enumerate(node.input):
-                if name:
-                    found.setdefault(name, []).append((node, index))
-            for name in _subgraph_uses(node):
-                found.setdefault(name, []).append((node, -1))
-        return found
-
-
-def _attrs(node: Any) -> dict[str, Any]:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _find_layers(graph: Any, scope: _Scope, consumers: dict[str, list[tuple[Any, int]]]) -> dict[int, _Layer]:

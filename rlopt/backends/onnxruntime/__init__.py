@@ -26,4 +26,5 @@ BACKEND = Backend(
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
     build="rlopt.backends.onnxruntime.build:check_onnxruntime",
     unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts,
-    triton_platform=("onnxruntime_onnx", "model.onnx"))
+    triton_platform=("onnxruntime_onnx", "model.onnx"),
+    stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",))

@@ -16,4 +16,5 @@ BACKEND = Backend(
     runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
     build="rlopt.backends.tensorrt.build:build_engine",
     unavailable=_unavailable, threads=lambda facts: "GPU", facts=TensorRTFacts,
-    triton_platform=("tensorrt_plan", "model.plan"), native=True)
+    triton_platform=("tensorrt_plan", "model.plan"), native=True,
+    stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",))

@@ -18,6 +18,7 @@ from typing import Any
 
 from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
+from rlopt.onnx_graph import subgraphs, to_fp16
 from rlopt.stages.base import StageOutput
 
 STANDARD_DOMAINS = ("", "ai.onnx")
@@ -25,10 +26,8 @@ STANDARD_DOMAINS = ("", "ai.onnx")
 
 def foreign_ops(model: Any) -> list[str]:
     """'domain::op (node)' for every node outside the standard ONNX domains, subgraphs included."""
-    from rlopt.stages.pad_gemm import _graphs
-
     return [f"{node.domain}::{node.op_type} ({node.name or node.output[0]})"
-            for graph in _graphs(model.graph) for node in graph.node if node.domain not in STANDARD_DOMAINS]
+            for graph in subgraphs(model.graph) for node in graph.node if node.domain not in STANDARD_DOMAINS]
 
 
 def name_dynamic_dims(model: Any) -> list[str]:
@@ -43,18 +42,6 @@ def name_dynamic_dims(model: Any) -> list[str]:
                 dim.dim_param = f"{value.name}_d{axis}"
                 named.append(dim.dim_param)
     return named
-
-
-def to_fp16(model: Any) -> Any:
-    """fp16 weights and compute, fp32 graph inputs and outputs (ONNX Runtime's float16 converter).
-
-    The converter appends its edge Casts at the end of the node list; a topological sort follows.
-    """
-    float16 = require("onnxruntime.transformers.float16")
-    gs = require("onnx_graphsurgeon")
-    graph = gs.import_onnx(float16.convert_float_to_float16(model, keep_io_types=True))
-    graph.toposort()
-    return gs.export_onnx(graph)
 
 
 def fold_and_clean(model: Any) -> Any:

@@ -12,7 +12,7 @@ from rlopt.backends.base import Runner
 from rlopt.backends.torchscript.facts import TorchScriptFacts
 from rlopt.errors import ArtifactError, located
 from rlopt.lazy import require
-from rlopt.runtime.outputs import flatten_outputs
+from rlopt.backends.base import flatten_outputs
 
 
 class TorchScriptRunner(Runner):

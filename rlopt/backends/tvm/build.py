@@ -36,7 +36,7 @@ PIPELINE = "tensorize shape comparisons + fold shape-only Ifs (static) + Convert
 
 def target_slug(target: dict[str, Any]) -> str:
     """`tvm-<slug>.so`: the kind plus what picks the code (mcpu or arch), as the tuning database folder names it."""
-    from rlopt.backends.tvm.tuning import target_key
+    from rlopt.backends.tvm.database import target_key
 
     return target_key(target)
 
@@ -193,7 +193,7 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
                                  "(only {kind: llvm} is supported here)")
     onnx = require("onnx")
     tvm = require("tvm")
-    from rlopt.backends.tvm.tuning import resolve_target
+    from rlopt.backends.tvm.database import resolve_target
 
     try:
         target_dict = resolve_target(config.target)
@@ -219,8 +219,9 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                recipe_path: Path, network: str, spec: NetworkSpec | None) -> StageOutput:
     tvm = require("tvm")
     from rlopt.manifest import file_record
-    from rlopt.backends.tvm.tuning import (Workload, apply_database, database_dir, file_slug, open_database, profile_shapes,
-                              target_key, tune_workloads)
+    from rlopt.backends.tvm.database import (Workload, apply_database, database_dir, file_slug, open_database,
+                                             profile_shapes, target_key)
+    from rlopt.backends.tvm.tuning import tune_workloads
 
     dynamic = pool.submit(_compile, mod, target, out_path, recipe_path, network)
     facts: dict[str, Any] = {"target": target_dict, "cpu_features": required_cpu_features(target_dict),

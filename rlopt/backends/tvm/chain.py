@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlopt.runtime.outputs import flatten_outputs
+from rlopt.backends.base import flatten_outputs
 
 ALIGNMENT = 64
 STAGE_BYTES = 64 * 1024

@@ -71,7 +71,7 @@ def _cuda_source(executable: Any) -> str:
 def _precision_model(model: Any, precision: Precision) -> tuple[Any, str | None]:
     """fp16 casts written into the graph (as for TensorRT 11); other reduced precisions not applied, with a notice."""
     if precision == "fp16":
-        from rlopt.backends.tensorrt.prepare import to_fp16
+        from rlopt.onnx_graph import to_fp16
 
         return to_fp16(model), None
     if precision in ("bf16", "int8"):

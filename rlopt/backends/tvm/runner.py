@@ -26,8 +26,8 @@ from rlopt.backends.tvm.padding import PaddedBucket, PaddedCall, padding_plan
 from rlopt.errors import ArtifactError, BackendUnavailable, located
 from rlopt.facts import FileRef
 from rlopt.lazy import require
+from rlopt.backends.base import flatten_outputs
 from rlopt.machine import usable_cores
-from rlopt.runtime.outputs import flatten_outputs
 
 
 def bucket_files(facts: TvmFacts | Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -325,7 +325,7 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
     `torch_compile=False` leaves torch.compile out (its first compile takes many seconds); tests use it.
     `extra_candidates` are benched beside the built-in ones, for every network (tests inject failing ones).
     """
-    from rlopt.compile.pipeline import tool_versions
+    from rlopt.compile import tool_versions
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)

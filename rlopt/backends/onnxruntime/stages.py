@@ -1,0 +1,34 @@
+"""ONNX Runtime's compile stage: the ONNX file, proven to open with the requested providers; int8 where asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlopt.compile.stage import Context, Stage, StageOutput
+
+
+class OnnxRuntimeCheck(Stage):
+    name, inputs, outputs = "onnxruntime", ("model.onnx", "model.padded.onnx"), ("onnxruntime",)
+    helpers = ("rlopt.backends.onnxruntime.build", "rlopt.backends.onnxruntime.quantize")
+
+    def upstream(self, ctx: Context) -> dict[str, Any]:
+        source = ctx.onnx_for("onnxruntime")
+        return {source: ctx.keys.get(source)}
+
+    def run(self, ctx: Context) -> StageOutput:
+        from rlopt.backends.onnxruntime.build import check_onnxruntime
+
+        source: Path = ctx.artifacts[ctx.onnx_for("onnxruntime")]
+        if ctx.spec.precision != "int8":
+            return check_onnxruntime(source, ctx.recipe.onnxruntime)
+        from rlopt.backends.onnxruntime.quantize import quantize_int8
+        from rlopt.compile.gpu_path import tolerance_for
+
+        quantized = quantize_int8(source, ctx.dir / "model.int8.onnx", ctx.reference, kind=ctx.spec.kind,
+                                  distribution=ctx.spec.distribution,
+                                  gate=tolerance_for({"precision_built": "int8"}, ctx.recipe.verify),
+                                  recipe_path=ctx.recipe_path, network=ctx.name)
+        assert quantized.artifact is not None
+        return StageOutput(quantized.artifact, {**check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime).facts,
+                                                **quantized.facts})

@@ -1,0 +1,99 @@
+"""`rlopt compile`: recipe -> model source -> per network the engine's stage lists -> manifest -> atomic publish."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rlopt import __version__
+from rlopt.compile.cache import StageCache
+from rlopt.compile.engine import Engine, Reporter, Silent, tool_versions
+from rlopt.compile.frontend import ModelSource, model_source
+from rlopt.compile.network import compile_network
+from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
+from rlopt.compile.stage import Context
+from rlopt.errors import UsageError, located
+from rlopt.locking import exclusive_lock
+from rlopt.machine import machine_facts
+from rlopt.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, NetworkRecord, file_record, write_json
+from rlopt.recipe import BACKENDS, Recipe, load_recipe
+
+
+@dataclass
+class CompileResult:
+    model_dir: Path
+    manifest: Manifest
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def resolve_options(recipe: Recipe, backends: list[str] | None, tune_trials: int | None, recipe_path: Path) -> Recipe:
+    if backends:
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            raise UsageError(f"--backend {unknown[0]}: unknown backend; fix: use one of {', '.join(BACKENDS)}")
+        recipe = recipe.model_copy(update={"backends": list(dict.fromkeys(backends))})
+    if tune_trials is not None:
+        if tune_trials < 0:
+            raise UsageError("--tune-trials must be >= 0")
+        recipe = recipe.model_copy(update={"tvm": recipe.tvm.model_copy(update={"tune_trials": tune_trials})})
+    return recipe
+
+
+def default_output_dir(recipe: Recipe) -> Path:
+    return Path("artifacts") / recipe.name
+
+
+def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *, backends: list[str] | None = None,
+                   tune_trials: int | None = None, reporter: Reporter | None = None,
+                   cache: StageCache | None = None, source: ModelSource | None = None) -> CompileResult:
+    """Compile every network of a recipe into MODEL_DIR; returns the manifest and any verification failures.
+
+    `cache` defaults to the stage cache under $RLOPT_CACHE; pass StageCache(enabled=False) to bypass it.
+    `source` makes the model (default: the one the recipe's `model` section names).
+    """
+    from rlopt.stages.load_model import submodule
+
+    started = time.perf_counter()
+    cache = cache if cache is not None else StageCache()
+    recipe_path = Path(recipe_path)
+    engine = Engine(reporter or Silent(), cache)
+    recipe = resolve_options(load_recipe(recipe_path), backends, tune_trials, recipe_path)
+    out_dir = Path(out_dir) if out_dir is not None else default_output_dir(recipe)
+    if not is_model_dir_or_empty(out_dir):
+        raise UsageError(located(out_dir, "-o", "exists and is not an rlopt MODEL_DIR",
+                                 "choose another output directory or remove it"))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out_dir.parent / f".{out_dir.name}.lock", out_dir):
+        remove_stale_partials(out_dir)
+        staging = staging_dir(out_dir)
+        try:
+            (staging / "recipe.yaml").write_text(recipe.resolved_yaml(), encoding="utf-8")
+            model, _ = (source or model_source(recipe, recipe_path)).load()
+            networks: dict[str, NetworkRecord] = {}
+            failures: list[str] = []
+            for name, spec in recipe.networks.items():
+                ctx = Context(recipe, recipe_path, name, spec, staging,
+                              module=submodule(model, spec.module, recipe_path, name))
+                networks[name] = compile_network(engine, ctx)
+                failures.extend(ctx.failures)
+            manifest = Manifest(
+                schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
+                created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=tool_versions(),
+                machine=machine_facts(), recipe_sha256=recipe.sha256(),
+                recipe=file_record(staging, staging / "recipe.yaml"), networks=networks,
+            ).seal()
+            write_json(staging / MANIFEST_NAME, manifest.model_dump(mode="json"))
+            publish(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return CompileResult(out_dir, manifest, failures, time.perf_counter() - started, list(cache.warnings))

@@ -1,0 +1,158 @@
+"""The engine: runs stages over a network's Context and owns everything around them.
+
+Timing and progress (the Reporter protocol), skips (BackendUnavailable), build failures, and the
+stage cache. A stage's cache key chains like Olive's output ids: its code version (its own module
+and declared helpers, not all of rlopt), its recipe slice, its upstream artifacts' keys, tool
+versions, and this machine's identity only where the stage's output depends on it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlopt import __version__
+from rlopt.compile.cache import StageCache, cache_key
+from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.errors import BackendUnavailable, StageError
+from rlopt.lazy import version_of
+from rlopt.machine import cpu_identity
+
+
+class Reporter(Protocol):
+    def stage_started(self, network: str, stage: str) -> None: ...
+
+    def stage_finished(self, network: str, stage: str, status: str, seconds: float, detail: str) -> None: ...
+
+
+class Silent:
+    def stage_started(self, network: str, stage: str) -> None:
+        pass
+
+    def stage_finished(self, network: str, stage: str, status: str, seconds: float, detail: str) -> None:
+        pass
+
+
+def tool_versions() -> dict[str, str | None]:
+    return {
+        "rlopt": __version__,
+        "torch": version_of("torch"),
+        "onnx": version_of("onnx"),
+        "onnxruntime": version_of("onnxruntime") or version_of("onnxruntime-gpu"),
+        "apache-tvm": version_of("apache-tvm"),
+        "apache-tvm-ffi": version_of("apache-tvm-ffi"),
+        "tensorrt": version_of("tensorrt"),
+        "numpy": version_of("numpy"),
+        "pydantic": version_of("pydantic"),
+    }
+
+
+CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name != "pydantic"}
+
+
+def key_components(stage: Stage, ctx: Context) -> dict[str, Any]:
+    """What a stage's output depends on; sha256 of these (canonical JSON) is its cache key."""
+    upstream = stage.upstream(ctx)
+    if not stage.weights_dependent:  # keyed by the graph alone: reusable after new weights (a refit)
+        upstream = {name: ({k: v for k, v in key.items() if k != "weights"} if isinstance(key, dict) else key)
+                    for name, key in upstream.items()}
+    components: dict[str, Any] = {"stage": stage.label, "code": stage.code_version(), "config": stage.config(ctx),
+                                  "upstream": upstream, "versions": CACHE_VERSIONS}
+    if stage.machine_dependent:
+        components["machine"] = cpu_identity()
+    return components
+
+
+@dataclass
+class BackendOutcome:
+    output: StageOutput | None = None
+    skipped: str | None = None
+    failure: str | None = None
+
+
+class Engine:
+    def __init__(self, reporter: Reporter, cache: StageCache) -> None:
+        self.reporter, self.cache = reporter, cache
+
+    def run_all(self, stages: list[Stage], ctx: Context) -> None:
+        for stage in stages:
+            self.run(stage, ctx)
+
+    def run(self, stage: Stage, ctx: Context) -> StageOutput | None:
+        """Run one stage (or reuse its cached output); None when it does not apply to this network."""
+        if not stage.applies(ctx):
+            return None
+        label = stage.label
+        self.reporter.stage_started(ctx.name, label)
+        start = time.perf_counter()
+        outcome: str | None = None
+        try:
+            components = key_components(stage, ctx)
+            if stage.cacheable(ctx):
+                out, outcome = self._cached(stage, ctx, components)
+            else:
+                out = stage.run(ctx)
+        except BackendUnavailable as exc:
+            self._finish(ctx, label, "skipped", start, str(exc), outcome)
+            raise
+        except Exception:
+            self._finish(ctx, label, "error", start, "", outcome)
+            raise
+        ctx.outputs[label] = out
+        for name in stage.outputs[:1]:
+            if out.artifact is not None or name not in ctx.artifacts:
+                ctx.artifacts[name] = out.artifact
+            ctx.keys.setdefault(name, cache_key(components))
+        self._finish(ctx, label, "ok", start, stage.detail(ctx, out), outcome)
+        return out
+
+    def run_backend(self, backend: str, stages: list[Stage], ctx: Context) -> BackendOutcome:
+        """A backend's stages in order; its artifact is the last one's. Unavailable = skipped with the reason."""
+        outcome = BackendOutcome()
+        try:
+            for stage in stages:
+                out = self.run(stage, ctx)
+                if out is not None:
+                    outcome.output = out
+        except BackendUnavailable as exc:
+            return BackendOutcome(skipped=str(exc))
+        except StageError as exc:
+            return BackendOutcome(skipped=f"build failed: {exc}", failure=f"{ctx.name}/{backend}: build failed: {exc}")
+        if outcome.output is None:
+            return BackendOutcome(skipped=f"no stage of '{backend}' applies to this recipe")
+        return outcome
+
+    def _cached(self, stage: Stage, ctx: Context, components: dict[str, Any]) -> tuple[StageOutput, str]:
+        label = stage.label
+        hit = self.cache.lookup(label, components)
+        if hit is not None:
+            for name, path in hit.files.items():
+                shutil.copyfile(path, ctx.dir / name)
+            artifact = hit.facts.get("artifact")
+            out = StageOutput(ctx.dir / artifact if artifact else None, hit.facts.get("facts", {}))
+            outcome = "hit"
+        else:
+            outcome = ("miss: " + self.cache.explain_miss(ctx.scope, label, components)) if self.cache.enabled \
+                else "off (--no-cache)"
+            before = set(ctx.dir.iterdir())
+            out = stage.run(ctx)
+            files = {p.name: p for p in sorted(ctx.dir.iterdir()) if p.is_file() and p not in before}
+            artifact = out.artifact.name if isinstance(out.artifact, Path) else None
+            self.cache.store(label, components, files, {"artifact": artifact, "facts": out.facts})
+        self.cache.remember(ctx.scope, label, components)
+        return out, outcome
+
+    def _finish(self, ctx: Context, stage: str, status: str, start: float, detail: str, cache: str | None) -> None:
+        seconds = time.perf_counter() - start
+        entry: dict[str, Any] = {"stage": stage, "status": status, "seconds": round(seconds, 3), "detail": detail}
+        if cache is not None:
+            entry["cache"] = cache
+            detail = f"{detail} [cache {cache}]".strip()
+        ctx.stages.append(entry)
+        self.reporter.stage_finished(ctx.name, stage, status, seconds, detail)
+
+
+__all__ = ["CACHE_VERSIONS", "BackendOutcome", "Engine", "Reporter", "Silent", "key_components", "tool_versions"]

@@ -1,0 +1,248 @@
+"""The front end every backend and `rlopt tune` share: model source -> script -> reference -> ONNX -> checks -> padding.
+
+`FRONTEND` is the list the engine runs per network; `FRONTEND_TO_PADDING` is the part `rlopt tune`
+runs, so tuning sees exactly the ONNX graph the TVM build will import (padded or not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.errors import StageError, located
+from rlopt.recipe import Recipe
+
+
+
+# ---------------------------------------------------------------- where the model comes from
+
+class ModelSource(Protocol):
+    """Makes the model a recipe names (an nn.Module in eval mode) and says how (facts)."""
+
+    def load(self) -> tuple[Any, dict[str, Any]]: ...
+
+
+@dataclass
+class FactorySource:
+    """`model: {factory, kwargs, checkpoint, seed}`: a Python callable, optionally with a state_dict."""
+
+    recipe: Recipe
+    recipe_path: Path
+
+    def load(self) -> tuple[Any, dict[str, Any]]:
+        from rlopt.stages.load_model import build_model
+
+        model, out = build_model(self.recipe.model, self.recipe_path)
+        return model, out.facts
+
+
+def model_source(recipe: Recipe, recipe_path: Path) -> ModelSource:
+    """The source a recipe's `model` section names (a factory today)."""
+    return FactorySource(recipe, recipe_path)
+
+
+# ---------------------------------------------------------------- identities
+
+def interface(ctx: Context) -> dict[str, Any]:
+    return ctx.spec.model_dump(mode="json", include={"inputs", "outputs", "kind", "distribution", "state"})
+
+
+# ---------------------------------------------------------------- stages
+
+class Script(Stage):
+    name, outputs = "script", ("model.ts",)
+
+    def run(self, ctx: Context) -> StageOutput:
+        from rlopt.stages.script import script_network
+
+        out = script_network(ctx.module, ctx.dir / "model.ts", recipe_path=ctx.recipe_path, network=ctx.name,
+                             module_path=ctx.spec.module)
+        ctx.keys["module"] = {"graph": out.facts["graph_sha256"], "weights": out.facts["weights_sha256"]}
+        ctx.keys["model.ts"] = {**ctx.keys["module"], "code": self.code_version()}
+        return out
+
+
+class RecordReference(Stage):
+    name, inputs, outputs, cached = "reference", ("module",), ("reference.npz",), True
+
+    def config(self, ctx: Context) -> Any:
+        verify = ctx.recipe.verify
+        return {"network": interface(ctx), "shapes": ctx.spec.shapes,
+                "verify": {"samples": verify.samples, "seed": verify.seed, "steps": verify.steps}}
+
+    def run(self, ctx: Context) -> StageOutput:
+        from rlopt.reference import record_reference
+
+        path = ctx.dir / "reference.npz"
+        record_reference(ctx.module, ctx.spec, ctx.recipe.verify.samples, ctx.recipe.verify.seed,
+                         recipe_path=ctx.recipe_path, network=ctx.name, steps=ctx.recipe.verify.steps).save(path)
+        return StageOutput(path, {})
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        return f"{len(ctx.reference.points)} shapes x {ctx.recipe.verify.samples} samples"
+
+
+class ExportOnnx(Stage):
+    name, inputs, outputs, cached = "onnx", ("model.ts",), ("model.onnx",), True
+
+    def config(self, ctx: Context) -> Any:
+        return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset}
+
+    def run(self, ctx: Context) -> StageOutput:
+        from rlopt.stages.export_onnx import export_onnx
+
+        return export_onnx(ctx.artifacts["model.ts"], ctx.spec, ctx.recipe.onnx.opset, ctx.dir / "model.onnx",
+                           recipe_path=ctx.recipe_path, network=ctx.name, eager_module=ctx.module)
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        return f"{out.facts.get('export_path', 'script')}, opset {out.facts['opset']}, {out.facts['if_nodes']} If"
+
+
+class SpecializationGuard(Stage):
+    """A check after export: every input's dims in the ONNX graph are what the recipe declares.
+
+    A dim the recipe lets vary must stay symbolic (an exporter that specialized it would serve
+    only the example shape); a fixed dim must have the recipe's value.
+    """
+
+    name, inputs = "specialization guard", ("model.onnx",)
+
+    def run(self, ctx: Context) -> StageOutput:
+        from rlopt.lazy import require
+
+        graph = require("onnx").load(str(ctx.artifacts["model.onnx"]), load_external_data=False).graph
+        declared = {i.name: i for i in graph.input}
+        checked = 0
+        for name, spec in ctx.spec.inputs.items():
+            if name not in declared:
+                continue
+            dims = declared[name].type.tensor_type.shape.dim
+            wanted = spec.dims("min")
+            problem = None
+            if len(dims) != len(wanted):
+                problem = f"input '{name}' has rank {len(dims)} in the exported graph, the recipe gives {len(wanted)}"
+            for axis, dim in enumerate(dims if problem is None else []):
+                symbolic = not dim.HasField("dim_value")
+                if axis in spec.dynamic_axes and not symbolic:
+                    problem = (f"input '{name}' dim {axis} varies in the recipe but the export fixed it to "
+                               f"{dim.dim_value}")
+                elif axis not in spec.dynamic_axes and not symbolic and dim.dim_value != wanted[axis]:
+                    problem = f"input '{name}' dim {axis} is {dim.dim_value} in the export, {wanted[axis]} in the recipe"
+                if problem:
+                    break
+            if problem:
+                raise StageError(located(ctx.recipe_path, f"networks.{ctx.name}.inputs.{name}", problem,
+                                         "make forward shape-generic along the recipe's dynamic dims"))
+            checked += 1
+        return StageOutput(None, {"inputs_checked": checked})
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        return f"{out.facts['inputs_checked']} input(s) match the recipe"
+
+
+class TensorRTPlanStage(Stage):
+    """Validated TensorRT optimization profiles, on every machine (Triton's config needs them too)."""
+
+    name, inputs, outputs = "tensorrt plan", ("model.onnx",), ("tensorrt_plan",)
+
+    def run(self, ctx: Context) -> StageOutput:
+        from rlopt.backends.tensorrt.plan import make_plan
+        from rlopt.lazy import require
+
+        graph = require("onnx").load(str(ctx.artifacts["model.onnx"]))
+        plan = make_plan(ctx.spec, ctx.recipe.tensorrt, graph, recipe_path=ctx.recipe_path, network=ctx.name)
+        ctx.artifacts["tensorrt_plan"] = plan
+        ctx.facts["tensorrt_plan"] = plan.facts()
+        return StageOutput(None, {})
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        plan = ctx.artifacts["tensorrt_plan"]
+        return f"{len(plan.profiles)} profile(s), {plan.precision}"
+
+
+class PadGemm(Stage):
+    """model.padded.onnx for the backends whose pad_gemm multiple is on; dropped when it is not exact."""
+
+    name, inputs, outputs = "pad_gemm", ("model.onnx",), ("model.padded.onnx",)
+
+    def multiple(self, ctx: Context) -> int:
+        from rlopt.compile.gpu_path import wanted_multiple
+
+        return wanted_multiple(ctx.recipe)
+
+    def config(self, ctx: Context) -> Any:
+        return {"multiple": self.multiple(ctx), "pad_outputs": ctx.recipe.pad_gemm_outputs}
+
+    def applies(self, ctx: Context) -> bool:
+        ctx.artifacts.setdefault("model.padded.onnx", None)
+        if self.multiple(ctx) > 0:
+            return True
+        ctx.facts["pad_gemm"] = {"applied": False, "pad_gemm": ctx.recipe.pad_gemm,
+                                 "reason": "off" if ctx.recipe.pad_gemm == 0 else
+                                 "auto pads only for TensorRT / TVM-CUDA, and neither can build here"}
+        return False
+
+    def feeds(self, ctx: Context) -> list[dict[str, Any]]:
+        reference = ctx.reference
+        return [reference.feeds(p, i) for p in reference.points for i in range(reference.samples(p))]
+
+    def run(self, ctx: Context) -> StageOutput:
+        from rlopt.stages.pad_gemm import pad_gemm
+
+        padded = pad_gemm(ctx.artifacts["model.onnx"], self.multiple(ctx), ctx.dir / "model.padded.onnx",
+                          self.feeds(ctx), recipe_path=ctx.recipe_path, network=ctx.name,
+                          pad_outputs=ctx.recipe.pad_gemm_outputs)
+        ctx.facts["pad_gemm"] = padded.facts
+        if padded.artifact is None:
+            return padded
+        diff = padded.facts["exactness"]["max_abs_diff"]
+        atol = ctx.recipe.verify.atol
+        if diff > atol:
+            padded.facts["dropped"] = f"max diff {diff:.3g} vs the unpadded model > atol {atol}"
+            padded.artifact.unlink()
+            ctx.failures.append(f"{ctx.name}/pad_gemm: padded model differs from the unpadded one by {diff:.3g}")
+            return StageOutput(None, padded.facts)
+        return padded
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        facts = out.facts
+        text = f"{len(facts['padded'])} edge(s) padded, {len(facts['skipped'])} skipped"
+        return text + (f", max diff {facts['exactness']['max_abs_diff']:.1e}" if "exactness" in facts else "")
+
+
+def example_feeds(ctx: Context) -> list[dict[str, Any]]:
+    """Seeded random inputs at min/opt/max: padding's exactness feeds where no reference is recorded."""
+    import numpy as np
+
+    from rlopt.reference import random_input
+
+    rng = np.random.default_rng(0)
+    return [{n: random_input(rng, s, s.dims(p)) for n, s in ctx.spec.inputs.items()} for p in ("min", "opt", "max")]
+
+
+class PadGemmForTuning(PadGemm):
+    """The same padding on seeded example feeds instead of the reference (what `rlopt tune` runs)."""
+
+    def feeds(self, ctx: Context) -> list[dict[str, Any]]:
+        return example_feeds(ctx)
+
+
+FRONTEND: list[type[Stage]] = [Script, RecordReference, ExportOnnx, SpecializationGuard, TensorRTPlanStage, PadGemm]
+FRONTEND_TO_PADDING: list[type[Stage]] = [Script, ExportOnnx, SpecializationGuard, PadGemmForTuning]
+
+
+__all__ = [
+    "FRONTEND",
+    "FRONTEND_TO_PADDING",
+    "ExportOnnx",
+    "FactorySource",
+    "ModelSource",
+    "PadGemm",
+    "RecordReference",
+    "Script",
+    "SpecializationGuard",
+    "TensorRTPlanStage",
+    "model_source",
+]

@@ -1,0 +1,137 @@
+"""Verify and time one built backend through the same runners the runtime uses: the `verify <backend>` stage.
+
+The parity gate itself is `rlopt.verify.gate_runner`, shared with `rlopt verify`; a network with recurrent
+state is checked over every recorded step with the backend's own state fed back (`rlopt.parity.run_parity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlopt.backends import open_runner
+from rlopt.backends.tvm.runner import bucket_files
+from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.errors import BackendUnavailable
+from rlopt.manifest import BackendRecord, Latency, file_record, sha256_file
+from rlopt.parity import Tolerance
+from rlopt.reference import Reference
+from rlopt.timing import LatencyStats, measure
+from rlopt.verify import gate_runner
+
+CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
+VARIANT_SAMPLES = 4
+Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+
+
+def time_points(infer: Callable[[dict[str, np.ndarray]], object], reference: Reference, points: list[str],
+                **options: Any) -> dict[str, LatencyStats]:
+    """Latency of `infer` on each point's first recorded sample (`options` go to rlopt.timing.measure)."""
+    return {point: measure(lambda feeds=reference.feeds(point, 0): infer(feeds), **options) for point in points}
+
+
+def _time_variant(base: BackendRecord, variant: str, infer: Callable[[dict[str, np.ndarray]], object],
+                  reference: Reference) -> None:
+    """A variant's latency at opt, for `auto` to rank the path that serves shapes without their own build."""
+    at_opt = time_points(infer, reference, [p for p in reference.points if p == "opt"], budget_s=0.05,
+                         min_iters=5, max_iters=200, warmup=1)
+    if at_opt:
+        base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(at_opt["opt"].p50_us, 2)}
+
+
+class VerifyBackend(Stage):
+    """Parity and latency of one built backend; reused from the cache when artifact, reference and gate are unchanged."""
+
+    name, inputs, cached, machine_dependent = "verify", ("reference.npz",), True, True
+
+    def __init__(self, backend: str, output: StageOutput, tol: Tolerance) -> None:
+        self.backend, self.output, self.tol = backend, output, tol
+
+    @property
+    def label(self) -> str:
+        return f"verify {self.backend}"
+
+    def config(self, ctx: Context) -> Any:
+        assert self.output.artifact is not None
+        files = [self.output.artifact, *(ctx.staging / f["path"] for f in bucket_files(self.output.facts))]
+        identity = ctx.keys["module"] if self.backend == "torchscript" else [sha256_file(f) for f in files]
+        return {"artifact": identity, "facts": self.output.facts, "reference": sha256_file(ctx.artifacts["reference.npz"]),
+                "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution}
+
+    def upstream(self, ctx: Context) -> dict[str, Any]:
+        return {}
+
+    def run(self, ctx: Context) -> StageOutput:
+        record, failure = self.measure(ctx)
+        return StageOutput(None, {"record": record.model_dump(mode="json"), "failure": failure})
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        record = BackendRecord.model_validate(out.facts["record"])
+        if record.parity is None:
+            return out.facts["failure"] or record.facts.get("not_verified", "")
+        latency = ", ".join(f"{p} p50 {v.p50:.0f}us" for p, v in record.latency_us.items())
+        return ("ok" if record.parity.passed else "FAILED") + f" max_abs {record.parity.max_abs:.2e}" + \
+            (f"; {latency}" if latency else "")
+
+    def quiet_latencies(self, ctx: Context, facts: dict[str, Any]) -> dict[str, float]:
+        """ONNX Runtime's p50 per point with its pool not spinning between calls: what `auto` gets when ORT shares
+        the process with another backend (spinning, an ORT-routed call made the next TVM call 11.7 ms, not 0.2)."""
+        assert self.output.artifact is not None
+        runner = open_runner("onnxruntime", self.output.artifact, list(ctx.spec.inputs),
+                             {**facts, "allow_spinning": False})
+        try:
+            return {point: round(stats.p50_us, 2) for point, stats in
+                    time_points(runner.infer, ctx.reference, ctx.reference.points, budget_s=0.1).items()}
+        finally:
+            runner.close()
+
+    def measure(self, ctx: Context) -> tuple[BackendRecord, str | None]:
+        backend, output, tol, spec, reference = self.backend, self.output, self.tol, ctx.spec, ctx.reference
+        assert output.artifact is not None
+        facts = dict(output.facts)
+        if spec.precision != "fp32" and backend in CPU_BACKENDS and "precision_built" not in facts:
+            facts["notice"] = f"precision {spec.precision} not applied: {backend} runs fp32 on this CPU"
+        record = file_record(ctx.staging, output.artifact)
+        base = BackendRecord(path=record.path, sha256=record.sha256, bytes=record.bytes, facts=facts)
+        try:
+            runner = open_runner(backend, output.artifact, list(spec.inputs), facts)
+        except BackendUnavailable as exc:
+            base.facts.update({"verified": False, "not_verified": str(exc)})
+            return base, None
+        try:
+            gate = gate_runner(runner, reference, spec.kind, spec.distribution, tol, variant_samples=VARIANT_SAMPLES,
+                               facts=base.facts)
+            base.parity = gate.parity
+            if gate.variant_parity:
+                base.facts.setdefault("variant_parity", {}).update(gate.variant_parity)
+            if gate.error is not None:
+                base.facts["verify_error"] = gate.error
+            failure = gate.failure(f"{ctx.name}/{backend}")
+            if failure is not None:
+                reason = next((o.reason for o in gate.parity.outputs if not o.passed and o.reason), "") \
+                    if gate.parity is not None else ""
+                return base, failure + (f": {reason}" if reason else "")
+            if gate.serving is not None and gate.serving_infer is not None:
+                _time_variant(base, gate.serving, gate.serving_infer, reference)
+            base.latency_us = {
+                point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
+                               iterations=stats.iterations)
+                for point, stats in time_points(runner.infer, reference, reference.points, budget_s=0.3).items()}
+            if backend == "onnxruntime":
+                base.facts["latency_without_spinning_us"] = self.quiet_latencies(ctx, facts)
+        finally:
+            runner.close()
+        return base, None
+
+
+def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[BackendRecord, str | None]:
+    """The record a `verify <backend>` stage produced, with path / sha256 / bytes of the file here."""
+    record = BackendRecord.model_validate(out.facts["record"])
+    current = file_record(ctx.staging, artifact)
+    record.path, record.sha256, record.bytes = current.path, current.sha256, current.bytes
+    return record, out.facts["failure"]
+
+
+__all__ = ["VerifyBackend", "backend_record", "time_points"]

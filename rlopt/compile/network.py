@@ -1,0 +1,120 @@
+"""One network, compiled as lists of stages: the front end, then each backend's stages, then verify, then Triton."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlopt.backends import BACKENDS
+from rlopt.compile.engine import Engine
+from rlopt.compile.frontend import FRONTEND
+from rlopt.compile.gpu_path import precision_record, tolerance_for, write_triton
+from rlopt.compile.measure import VerifyBackend, backend_record
+from rlopt.compile.stage import Context, Stage, StageOutput, load_stage
+from rlopt.manifest import BackendRecord, InputProfile, NetworkRecord, file_record, shape_label
+from rlopt.runtime import auto_routes, ranked_backends
+
+
+SCRIPT_FACTS = ("graph_sha256", "weights_sha256")
+EXPORT_FACTS = ("exporter", "export_path", "refused", "trace_refused", "dynamo_refused")
+
+
+def backend_stages(backend: str) -> list[Stage]:
+    """The stages a backend registered (rlopt/backends/<name>/__init__.py: BACKEND.stages), instantiated."""
+    return [load_stage(path)() for path in BACKENDS[backend].stages]
+
+
+class TritonRepository(Stage):
+    """`triton/<model>/config.pbtxt` + `1/model.*` for every verified backend Triton serves."""
+
+    name, inputs = "triton", ("tensorrt_plan", "reference.npz")
+
+    def __init__(self, artifacts: dict[str, BackendRecord]) -> None:
+        self.records = artifacts
+
+    def run(self, ctx: Context) -> StageOutput:
+        files = write_triton(ctx.staging, ctx.recipe.name, ctx.name, self.records, ctx.artifacts["tensorrt_plan"],
+                             ctx.reference, ctx.spec)
+        ctx.artifacts["triton"] = files
+        return StageOutput(None, {})
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        return f"{len(ctx.artifacts['triton']) // 2} model(s)"
+
+
+def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | None = None) -> NetworkRecord:
+    """Front end, every backend of the recipe, verification and latency, Triton, `auto`; failures go to ctx."""
+    spec, verify = ctx.spec, ctx.recipe.verify
+    ctx.dir.mkdir()
+    engine.run_all([stage() for stage in (frontend if frontend is not None else FRONTEND)], ctx)
+    artifacts: dict[str, BackendRecord] = {}
+    built: dict[str, StageOutput] = {}
+    for backend in ctx.recipe.backends:
+        outcome = engine.run_backend(backend, backend_stages(backend), ctx)
+        if outcome.output is not None:
+            built[backend] = outcome.output
+        else:
+            artifacts[backend] = BackendRecord(skipped=outcome.skipped)
+        if outcome.failure:
+            ctx.failures.append(outcome.failure)
+    for backend, output in built.items():
+        tol = tolerance_for(output.facts, verify)
+        out = engine.run(VerifyBackend(backend, output, tol), ctx)
+        assert out is not None
+        artifacts[backend], failure = backend_record(ctx, out, output.artifact)
+        if failure:
+            ctx.failures.append(failure)
+    record = NetworkRecord(
+        kind=spec.kind, distribution=spec.distribution, module=spec.module,
+        inputs={n: InputProfile(dtype=s.dtype, min=s.dims("min"), opt=s.dims("opt"), max=s.dims("max"),
+                                range=s.range)
+                for n, s in spec.inputs.items()},
+        outputs=list(spec.outputs), precision=spec.precision,
+        tolerance={"atol": verify.atol, "rtol": verify.rtol, "max_kl": verify.max_kl},
+        reference=file_record(ctx.staging, ctx.artifacts["reference.npz"]),
+        files={"model.ts": file_record(ctx.staging, ctx.dir / "model.ts"),
+               "model.onnx": file_record(ctx.staging, ctx.dir / "model.onnx")},
+        artifacts={b: artifacts[b] for b in ctx.recipe.backends},
+        stages=ctx.stages,
+    )
+    if ctx.artifacts.get("model.padded.onnx") is not None:
+        record.files["model.padded.onnx"] = file_record(ctx.staging, ctx.artifacts["model.padded.onnx"])
+    none = StageOutput(None)
+    script, export = ctx.outputs.get("script", none).facts, ctx.outputs.get("onnx", none).facts
+    record.facts = {**ctx.facts, "precision": precision_record(spec, record.artifacts),
+                    "script": {k: script[k] for k in SCRIPT_FACTS if k in script},
+                    "onnx": {k: export[k] for k in EXPORT_FACTS if k in export}}
+    engine.run(TritonRepository(record.artifacts), ctx)
+    triton: dict[str, Any] = ctx.artifacts["triton"]
+    record.files.update(triton)
+    record.facts["triton"] = sorted({path.split("/")[1] for path in triton})
+    ranked = ranked_backends(record)
+    record.selected = ranked[0] if ranked else None
+    if ranked:
+        plan = auto_routes(record, ranked)
+        record.facts["auto_routes"] = {shape_label(key): name for key, name in plan.routes.items()} | {
+            "other": plan.fallback}
+        record.facts["auto_onnxruntime_spinning"] = plan.onnxruntime_spinning
+    if record.selected is None:
+        ctx.failures.append(f"{ctx.name}: no backend was built and verified")
+    return record
+
+
+def stage_code_versions() -> dict[str, str]:
+    """Every stage's cache name -> its current code version ('verify' stands for every 'verify <backend>')."""
+    from rlopt.compile.frontend import FRONTEND_TO_PADDING
+
+    classes = [*FRONTEND, *FRONTEND_TO_PADDING, TritonRepository, VerifyBackend,
+               *(load_stage(path) for backend in BACKENDS.values() for path in backend.stages)]
+    return {stage.name: stage.code_version() for stage in classes}
+
+
+def entry_is_current(stage: str, components: dict[str, Any], versions: dict[str, str] | None = None) -> bool:
+    """A cache entry made by this rlopt's stage code and these tool versions (else `rlopt cache prune` removes it)."""
+    from rlopt.compile.engine import CACHE_VERSIONS
+
+    versions = versions if versions is not None else stage_code_versions()
+    name = "verify" if stage.startswith("verify ") else stage
+    return components.get("versions") == CACHE_VERSIONS and components.get("code") == versions.get(name)
+
+
+__all__ = ["TritonRepository", "backend_stages", "compile_network", "entry_is_current", "stage_code_versions"]
