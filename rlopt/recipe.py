@@ -12,15 +12,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from rlopt.backends import BACKENDS as REGISTERED_BACKENDS
 from rlopt.errors import RecipeError, explain_validation_error, located
 from rlopt.manifest import shape_label
 
-BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
+BACKENDS: tuple[str, ...] = tuple(REGISTERED_BACKENDS)  # in registry order: the default `backends` list
 DTYPES: tuple[str, ...] = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
 INTEGER_DTYPES: tuple[str, ...] = ("int64", "int32", "uint8")
 NAME_PATTERN = r"^[a-z0-9_-]+$"
 
-Backend = Literal["torchscript", "onnxruntime", "tvm", "tensorrt"]
+Backend = Literal[BACKENDS]  # type: ignore[valid-type]
 DType = Literal["float32", "float16", "float64", "int64", "int32", "uint8", "bool"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 Kind = Literal["policy", "value", "generic"]

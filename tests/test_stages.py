@@ -29,7 +29,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, ob
     out = script_network(policy, folder / "model.ts", recipe_path=recipe_path, network="policy", module_path="policy")
     assert out.facts["branches"] >= 1
     export_onnx(folder / "model.ts", spec, 17, folder / "model.onnx", recipe_path=recipe_path,
-               network="policy")
+                network="policy")
     return folder / "model.onnx", policy, recipe
 
 
