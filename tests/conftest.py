@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 import pytest
 
+from tests import cli_launcher
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 TEST_MODELS = ROOT / "tests" / "data" / "models"
@@ -138,10 +140,17 @@ def tiny_copy(tiny_compiled: Path, tmp_path: Path) -> Path:
 
 
 def run_rlopt(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a fresh process."""
+    """`python -m rlopt ARGS` in its own process, forked from a warm interpreter (tests/cli_launcher.py) unless
+    RLOPT_TEST_FRESH_PROCESS=1 asks for a fresh interpreter each time."""
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "rlopt", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=env)
+    if os.environ.get("RLOPT_TEST_FRESH_PROCESS") == "1":
+        return subprocess.run([sys.executable, "-m", "rlopt", *args], capture_output=True, text=True, cwd=cwd,
+                              timeout=timeout, env=env)
+    return cli_launcher.launcher().run(*args, cwd=cwd, env=env, timeout=timeout)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    cli_launcher.close_launcher()
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
