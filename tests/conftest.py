@@ -1,17 +1,28 @@
-"""Shared fixtures: a tiny recipe (same model code as the default recipe, small dims) compiled once per session."""
+"""Shared fixtures: `compiled`, a session-wide compile factory, and the tiny recipe (same model code as the
+default recipe, small dims) compiled through it.
+
+A compile costs seconds to minutes; a test that only reads a MODEL_DIR asks `compiled(...)` for one and a
+test that damages one copies it first (`copy_model_dir`, or the `tiny_copy` fixture).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Sequence
 
 import pytest
 
+from tests import cli_launcher
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
+TEST_MODELS = ROOT / "tests" / "data" / "models"
+ALL_BACKENDS = "[torchscript, onnxruntime, tvm, tensorrt]"
 
 TINY_RECIPE = """\
 name: tiny-heads
@@ -46,40 +57,100 @@ def private_stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def write_tiny_recipe(folder: Path, backends: str = "[torchscript, onnxruntime, tvm, tensorrt]",
-                      extra: str = "", name: str = "tiny.yaml") -> Path:
+def tiny_recipe_text(backends: str = ALL_BACKENDS, extra: str = "") -> str:
+    """The tiny recipe's YAML; its model code is `models/policy_heads.py` beside the recipe."""
+    return TINY_RECIPE.format(backends=backends) + extra
+
+
+def write_tiny_recipe(folder: Path, backends: str = ALL_BACKENDS, extra: str = "", name: str = "tiny.yaml") -> Path:
     """A recipe in `folder` with the default recipe's model code copied beside it."""
     (folder / "models").mkdir(parents=True, exist_ok=True)
     shutil.copy(RECIPES / "models" / "policy_heads.py", folder / "models" / "policy_heads.py")
     path = folder / name
-    path.write_text(TINY_RECIPE.format(backends=backends) + extra)
+    path.write_text(tiny_recipe_text(backends, extra))
     return path
 
 
+CompileFactory = Callable[..., Path]
+
+
 @pytest.fixture(scope="session")
-def tiny_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A MODEL_DIR compiled from the tiny recipe with every backend; tests must not modify it."""
+def compiled(tmp_path_factory: pytest.TempPathFactory, private_stage_cache: Path) -> CompileFactory:
+    """`compiled(recipe, backends=None, name="recipe.yaml", files=None) -> MODEL_DIR`, one compile per session.
+
+    `recipe` is a recipe file (a Path: compiled where it lies, so its model code and tuning database are
+    found) or recipe text (a str: written as `name` beside copies of recipes/models/ and tests/data/models/,
+    plus `files`, relative path -> text). The same (recipe content, backends, name, files) compiles once per
+    session, in process, with the session's private stage cache; the MODEL_DIR is `<folder>/out`, next to
+    the recipe. The compile must pass verification. Callers must not modify the result: copy it first.
+    """
+    from rlopt.compile.cache import StageCache
     from rlopt.compile import compile_recipe
 
-    folder = tmp_path_factory.mktemp("tiny")
-    result = compile_recipe(write_tiny_recipe(folder), folder / "out")
-    assert result.passed, result.failures
-    return result.model_dir
+    done: dict[str, Path] = {}
+
+    def compile_once(recipe: Path | str, backends: Sequence[str] | None = None, *, name: str = "recipe.yaml",
+                     files: dict[str, str] | None = None) -> Path:
+        if isinstance(recipe, Path):
+            identity = ["path", str(recipe.resolve()), recipe.read_text()]
+        else:
+            identity = ["text", recipe, name, *sorted((files or {}).items())]
+        key = hashlib.sha256(repr((identity, list(backends or []))).encode()).hexdigest()
+        if key not in done:
+            folder = tmp_path_factory.mktemp("compiled")
+            if isinstance(recipe, Path):
+                path = recipe
+            else:
+                shutil.copytree(RECIPES / "models", folder / "models")
+                shutil.copytree(TEST_MODELS, folder / "models", dirs_exist_ok=True)
+                for relative, text in (files or {}).items():
+                    (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / relative).write_text(text)
+                path = folder / name
+                path.write_text(recipe)
+            result = compile_recipe(path, folder / "out", backends=list(backends) if backends else None,
+                                    cache=StageCache(private_stage_cache))
+            assert result.passed, result.failures
+            done[key] = result.model_dir
+        return done[key]
+
+    return compile_once
+
+
+def copy_model_dir(model_dir: Path, folder: Path, name: str = "model_dir") -> Path:
+    """A private copy of a MODEL_DIR from `compiled` that a test may damage or recompile into."""
+    target = folder / name
+    shutil.copytree(model_dir, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_compiled(compiled: CompileFactory) -> Path:
+    """A MODEL_DIR compiled from the tiny recipe with every backend; tests must not modify it.
+
+    The recipe is `tiny_compiled.parent / "tiny.yaml"`.
+    """
+    return compiled(tiny_recipe_text(), name="tiny.yaml")
 
 
 @pytest.fixture()
 def tiny_copy(tiny_compiled: Path, tmp_path: Path) -> Path:
     """A private copy of the compiled MODEL_DIR that a test may damage."""
-    target = tmp_path / "model_dir"
-    shutil.copytree(tiny_compiled, target)
-    return target
+    return copy_model_dir(tiny_compiled, tmp_path)
 
 
 def run_rlopt(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a fresh process."""
+    """`python -m rlopt ARGS` in its own process, forked from a warm interpreter (tests/cli_launcher.py) unless
+    RLOPT_TEST_FRESH_PROCESS=1 asks for a fresh interpreter each time."""
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "rlopt", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=env)
+    if os.environ.get("RLOPT_TEST_FRESH_PROCESS") == "1":
+        return subprocess.run([sys.executable, "-m", "rlopt", *args], capture_output=True, text=True, cwd=cwd,
+                              timeout=timeout, env=env)
+    return cli_launcher.launcher().run(*args, cwd=cwd, env=env, timeout=timeout)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    cli_launcher.close_launcher()
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:

@@ -1,18 +1,106 @@
-"""The three bundled recipes compile, verify at min/opt/max, and load in a fresh process on every CPU backend."""
+"""The three bundled recipes: each loads, builds, scripts and ships a tuning database that matches it (default
+suite, seconds); each compiles, verifies at min/opt/max and loads in a fresh process on every CPU backend (slow:
+about a minute a recipe on two cores).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlopt.manifest import read_manifest
 from tests.conftest import RECIPES, run_rlopt
 
 BUNDLED = ["policy_value_heads.yaml", "ppo_mlp.yaml", "atari_cnn.yaml"]
+
+# recipe -> its name, then network -> output -> shape at the max profile point
+EXPECTED = {
+    "policy_value_heads.yaml": ("policy-value-heads", {"policy": {"logits": (8, 16, 16)},
+                                                        "value": {"value": (8, 16, 1)}}),
+    "ppo_mlp.yaml": ("ppo-mlp", {"actor": {"mean": (256, 6), "log_std": (256, 6)}, "critic": {"value": (256, 1)}}),
+    "atari_cnn.yaml": ("atari-cnn", {"actor_critic": {"logits": (16, 6), "value": (16, 1)}}),
+}
+TUNED_TARGETS = ["llvm-znver5"]
+
+
+def test_every_bundled_recipe_is_listed() -> None:
+    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(BUNDLED) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("recipe", BUNDLED)
+def test_bundled_recipe_loads_builds_and_scripts(recipe: str, tmp_path: Path) -> None:
+    """The recipe validates, its factory builds, each network runs eagerly at min/opt/max with the declared
+    outputs, and its TorchScript agrees with eager PyTorch (the compile's first stages, without the backends)."""
+    import torch
+
+    from rlopt.recipe import load_recipe
+    from rlopt.reference import record_reference
+    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.stages.script import script_network
+
+    path = RECIPES / recipe
+    loaded = load_recipe(path)
+    name, outputs = EXPECTED[recipe]
+    assert loaded.name == name
+    assert {n: spec.outputs for n, spec in loaded.networks.items()} == {n: list(o) for n, o in outputs.items()}
+    assert loaded.backends == ["torchscript", "onnxruntime", "tvm", "tensorrt"]
+    model, built = build_model(loaded.model, path)
+    assert built.facts["parameters"] == sum(p.numel() for p in model.parameters()) > 0
+    for network, spec in loaded.networks.items():
+        module = submodule(model, spec.module, path, network)
+        reference = record_reference(module, spec, 1, 0, recipe_path=path, network=network)
+        assert reference.points == ["min", "opt", "max"]
+        for output, shape in outputs[network].items():
+            assert reference.arrays[f"max:out:{output}"].shape == (1, *shape)
+            assert np.isfinite(reference.arrays[f"max:out:{output}"]).all()
+        script_network(module, tmp_path / f"{network}.ts", recipe_path=path, network=network, module_path=spec.module)
+        scripted = torch.jit.load(str(tmp_path / f"{network}.ts"))
+        for point in reference.points:
+            feeds = reference.feeds(point, 0)
+            with torch.inference_mode():
+                result = scripted(*[torch.from_numpy(feeds[n]) for n in spec.inputs])
+            result = result if isinstance(result, tuple) else (result,)
+            for got, want in zip(result, reference.outputs(point, 0), strict=True):
+                np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", BUNDLED)
+def test_bundled_tuning_database_is_readable_and_matches_the_recipe(recipe: str) -> None:
+    """The shipped `<recipe>.tuning/` has one workload per network and profile shape, each kernel's best
+    record, and opens as a MetaSchedule database (what compile applies when the CPU matches)."""
+    from rlopt.backends.tvm.tuning import file_slug, open_database, profile_shapes, read_meta, shape_key, target_key
+    from rlopt.recipe import load_recipe
+
+    path = RECIPES / recipe
+    loaded = load_recipe(path)
+    root = path.with_suffix(".tuning")
+    assert sorted(d.name for d in root.iterdir()) == TUNED_TARGETS
+    for directory in root.iterdir():
+        meta = read_meta(directory)
+        assert target_key(meta["target"]) == directory.name
+        expected = {f"{network}[{shape_key(shapes)}]": (points, file_slug(shapes))
+                    for network, spec in loaded.networks.items() for points, shapes in profile_shapes(spec)}
+        assert set(meta["workloads"]) == set(expected)
+        tasks: set[str] = set()
+        for key, workload in meta["workloads"].items():
+            points, slug = expected[key]
+            assert workload["points"] == points
+            assert workload["trials"] >= 64
+            assert workload["tasks"] and all(task.split("/")[1] == slug for task in workload["tasks"])
+            tasks.update(workload["tasks"])
+        database = open_database(directory, create=False)
+        assert database is not None
+        records = database.get_all_tuning_records()
+        assert len(records) == len(tasks), "pruned: one best record per distinct kernel"
+        for record in records:
+            seconds = [float(s) for s in record.run_secs]
+            assert seconds and all(math.isfinite(s) and 0 < s < 1 for s in seconds)
 
 FRESH_LOAD = """\
 import json, sys
@@ -35,6 +123,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", BUNDLED)
 def test_bundled_recipe_compiles_verifies_and_loads_fresh(recipe: str, tmp_path: Path) -> None:
     out = tmp_path / "model_dir"

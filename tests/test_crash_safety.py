@@ -1,11 +1,15 @@
-"""kill -9 at any moment of a compile leaves the previous MODEL_DIR intact or none; concurrent compiles refuse."""
+"""kill -9 at any moment of a compile leaves the previous MODEL_DIR intact or none; concurrent compiles refuse.
+
+Every compile here is a real `rlopt compile` process killed with SIGKILL, forked from the session's warm
+interpreter (tests/cli_launcher.py), so a compile costs about a second instead of the seconds a fresh
+interpreter spends importing torch; the stage cache is warm (`tiny_compiled`), so each kill point is a moment of
+the publish protocol reached within that second.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +18,8 @@ import pytest
 import rlopt
 from rlopt.errors import ArtifactError
 from rlopt.verify import verify_model_dir
-from tests.conftest import assert_one_line_error, run_rlopt, write_tiny_recipe
+from tests import cli_launcher
+from tests.conftest import assert_one_line_error, write_tiny_recipe
 
 # Kill points found by watching the staging directory: each is a moment inside a real compile.
 KILL_POINTS = [
@@ -25,13 +30,13 @@ KILL_POINTS = [
     "manifest.json",
 ]
 
+@pytest.fixture(scope="module")
+def launcher(tiny_compiled: Path) -> cli_launcher.Launcher:
+    """`tiny_compiled` warms the session's stage cache for the tiny recipe these compiles use."""
+    return cli_launcher.launcher()
 
-def _start_compile(recipe: Path, out: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "rlopt", "compile", str(recipe), "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
 
-
-def _kill_when(proc: subprocess.Popen[str], parent: Path, name: str, point: str, timeout: float = 240) -> bool:
+def _kill_when(proc: cli_launcher.Child, parent: Path, name: str, point: str, timeout: float = 240) -> bool:
     """SIGKILL the compile as soon as `point` exists in its staging dir; False if it finished first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -39,11 +44,11 @@ def _kill_when(proc: subprocess.Popen[str], parent: Path, name: str, point: str,
             return False
         for staging in parent.glob(f".{name}.partial-{proc.pid}-*"):
             if point == "staging created" or (staging / point).exists():
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 return True
         time.sleep(0.002)
-    proc.kill()
+    proc.send_signal(signal.SIGKILL)
     raise AssertionError(f"compile never reached {point}")
 
 
@@ -54,45 +59,49 @@ def _assert_absent(out: Path) -> None:
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
-def test_kill_during_first_compile_leaves_nothing_that_loads(tmp_path: Path, point: str) -> None:
+def test_kill_during_first_compile_leaves_nothing_that_loads(launcher: cli_launcher.Launcher, tmp_path: Path, point: str) -> None:
     recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime, tvm]")
     out = tmp_path / "out"
-    if _kill_when(_start_compile(recipe, out), tmp_path, "out", point):
+    if _kill_when(launcher.start("compile", str(recipe), "-o", str(out)), tmp_path, "out", point):
         _assert_absent(out)
     else:  # the compile won the race (the manifest point is microseconds before the rename): it must be whole
         assert point == "manifest.json" and verify_model_dir(out).passed
 
 
-def test_kill_during_recompile_keeps_the_previous_model_dir(tiny_copy: Path, tmp_path: Path) -> None:
+def test_kill_during_recompile_keeps_the_previous_model_dir(launcher: cli_launcher.Launcher, tiny_copy: Path,
+                                                            tmp_path: Path) -> None:
     from rlopt.manifest import read_manifest
 
     before = read_manifest(tiny_copy).created_at
     recipe = write_tiny_recipe(tmp_path / "src", backends="[onnxruntime, tvm]")
     for point in ("policy/model.onnx", "value/tvm-llvm.so"):
-        assert _kill_when(_start_compile(recipe, tiny_copy), tiny_copy.parent, tiny_copy.name, point)
+        compile_ = launcher.start("compile", str(recipe), "-o", str(tiny_copy))
+        assert _kill_when(compile_, tiny_copy.parent, tiny_copy.name, point)
         assert verify_model_dir(tiny_copy).passed
         assert read_manifest(tiny_copy).created_at == before
     leftovers = list(tiny_copy.parent.glob(f".{tiny_copy.name}.partial-*"))
     assert leftovers, "killed compiles leave hidden partial dirs (never loadable)"
-    proc = run_rlopt("compile", str(recipe), "-o", str(tiny_copy), "--backend", "onnxruntime")
+    proc = launcher.run("compile", str(recipe), "-o", str(tiny_copy), "--backend", "onnxruntime")
     assert proc.returncode == 0, proc.stderr
     assert not list(tiny_copy.parent.glob(f".{tiny_copy.name}.partial-*")), "stale partials of dead pids are removed"
+    assert set(read_manifest(tiny_copy).networks["policy"].artifacts) == {"onnxruntime"}
 
 
-def test_second_concurrent_compile_refuses_and_stale_lock_is_recovered(tmp_path: Path) -> None:
+def test_second_concurrent_compile_refuses_and_stale_lock_is_recovered(launcher: cli_launcher.Launcher, tmp_path: Path) -> None:
     recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime, tvm]")
     out = tmp_path / "out"
-    first = _start_compile(recipe, out)
+    first = launcher.start("compile", str(recipe), "-o", str(out))
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob(".out.partial-*")) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        second = run_rlopt("compile", str(recipe), "-o", str(out))
+            time.sleep(0.002)
+        os.kill(first.pid, signal.SIGSTOP)  # hold the lock while the second compile asks for it
+        second = launcher.run("compile", str(recipe), "-o", str(out))
         assert_one_line_error(second, 2, "another rlopt compile", f"pid {first.pid}", "fix:")
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     assert (tmp_path / ".out.lock").exists(), "the killed holder left its lock file behind"
-    third = run_rlopt("compile", str(recipe), "-o", str(out), "--backend", "onnxruntime")
+    third = launcher.run("compile", str(recipe), "-o", str(out), "--backend", "onnxruntime")
     assert third.returncode == 0, third.stderr
     assert verify_model_dir(out).passed

@@ -12,7 +12,8 @@ import rlopt
 from rlopt.errors import RecipeError
 from rlopt.manifest import read_manifest
 from rlopt.recipe import load_recipe
-from tests.conftest import assert_one_line_error, run_rlopt, write_tiny_recipe
+from rlopt.verify import verify_model_dir
+from tests.conftest import CompileFactory, assert_one_line_error, run_rlopt, write_tiny_recipe
 
 PROFILE = {"network": "policy", "requests": [{"weight": 0.5, "shapes": {"input0": [3, 2, 32]}},
                                              {"weight": 0.5, "shapes": {"input0": [2, 3, 32]}}]}
@@ -63,13 +64,9 @@ def test_missing_warmup_profile_is_one_line_with_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def extra_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlopt.compile import compile_recipe
-
-    folder = tmp_path_factory.mktemp("extra")
-    result = compile_recipe(_recipe(folder), folder / "out")
-    assert result.passed, result.failures
-    return result.model_dir
+def extra_compiled(compiled: CompileFactory, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny recipe with an extra shape and a warmup profile, compiled once per session; read-only."""
+    return compiled(_recipe(tmp_path_factory.mktemp("extra")))
 
 
 def test_extra_shapes_are_verified_timed_built_and_routed(extra_compiled: Path) -> None:
@@ -95,5 +92,8 @@ def test_extra_shape_runs_its_own_library_and_matches_torch(extra_compiled: Path
     x = np.random.default_rng(4).standard_normal((3, 2, 32)).astype(np.float32)
     np.testing.assert_allclose(session.run({"input0": x})["logits"], reference.run({"input0": x})["logits"],
                                atol=1e-5, rtol=1e-4)
-    verify = run_rlopt("verify", str(extra_compiled))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    report = verify_model_dir(extra_compiled)
+    assert report.passed, [f.detail for f in report.findings if not f.ok]
+    [parity] = [f.parity for f in report.findings if (f.network, f.subject) == ("policy", "tvm")]
+    assert parity is not None and [s.split()[0] for s in parity.shapes] == ["min", "opt", "max", "2x2x32", "3x2x32"]
+    assert parity.compared == 5 * 4, "every point re-checked, 4 samples each"

@@ -23,6 +23,7 @@ from rlopt.manifest import read_manifest
 from rlopt.parity import Tolerance
 from rlopt.recipe import TvmConfig
 from rlopt.reference import Reference
+from tests.conftest import CompileFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "tests" / "data" / "gpu_path.yaml"
@@ -38,10 +39,9 @@ def compile_recipe(out: Path, *backends: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("gpu") / "gpu-path"
-    compile_recipe(out, "torchscript", "onnxruntime", "tensorrt")
-    return out
+def gpu_dir(compiled: CompileFactory) -> Path:
+    """The recipe compiled once per session without TVM (its CUDA build is the slow test's); read-only."""
+    return compiled(RECIPE, ["torchscript", "onnxruntime", "tensorrt"])
 
 
 def initializer_dims(path: Path) -> set[int]:
@@ -51,20 +51,20 @@ def initializer_dims(path: Path) -> set[int]:
     return {d for g in _graphs(model.graph) for init in g.initializer for d in init.dims}
 
 
-def test_padded_onnx_has_1024_and_768_where_1000_and_513_stood(compiled: Path) -> None:
+def test_padded_onnx_has_1024_and_768_where_1000_and_513_stood(gpu_dir: Path) -> None:
     for network in ("policy", "value"):
-        before = initializer_dims(compiled / network / "model.onnx")
-        after = initializer_dims(compiled / network / "model.padded.onnx")
+        before = initializer_dims(gpu_dir / network / "model.onnx")
+        after = initializer_dims(gpu_dir / network / "model.padded.onnx")
         assert {1000, 513} <= before
         assert 1000 not in after and 1024 in after
-    assert 513 not in initializer_dims(compiled / "policy" / "model.padded.onnx")
-    assert 768 in initializer_dims(compiled / "policy" / "model.padded.onnx")
+    assert 513 not in initializer_dims(gpu_dir / "policy" / "model.padded.onnx")
+    assert 768 in initializer_dims(gpu_dir / "policy" / "model.padded.onnx")
     # the value network's 513 feeds a LayerNorm: left alone, with the reason
-    assert 513 in initializer_dims(compiled / "value" / "model.padded.onnx")
+    assert 513 in initializer_dims(gpu_dir / "value" / "model.padded.onnx")
 
 
-def test_manifest_lists_padded_dims_skipped_edges_and_exactness(compiled: Path) -> None:
-    manifest = read_manifest(compiled)
+def test_manifest_lists_padded_dims_skipped_edges_and_exactness(gpu_dir: Path) -> None:
+    manifest = read_manifest(gpu_dir)
     policy = manifest.networks["policy"].facts["pad_gemm"]
     assert sorted({(p["from"], p["to"]) for p in policy["padded"]}) == [(513, 768), (1000, 1024)]
     assert policy["exactness"] == {"max_abs_diff": 0.0, "bit_identical": True, "compared": 12}
@@ -75,42 +75,42 @@ def test_manifest_lists_padded_dims_skipped_edges_and_exactness(compiled: Path) 
     assert "model.padded.onnx" in manifest.networks["policy"].files
 
 
-def test_padded_model_matches_the_unpadded_one_at_min_opt_max(compiled: Path) -> None:
+def test_padded_model_matches_the_unpadded_one_at_min_opt_max(gpu_dir: Path) -> None:
     import onnxruntime as ort
 
-    manifest = read_manifest(compiled)
+    manifest = read_manifest(gpu_dir)
     for network, record in manifest.networks.items():
-        reference = Reference.load(compiled / record.reference.path, list(record.inputs), record.outputs)
-        plain = ort.InferenceSession(str(compiled / network / "model.onnx"))
-        padded = ort.InferenceSession(str(compiled / network / "model.padded.onnx"))
+        reference = Reference.load(gpu_dir / record.reference.path, list(record.inputs), record.outputs)
+        plain = ort.InferenceSession(str(gpu_dir / network / "model.onnx"))
+        padded = ort.InferenceSession(str(gpu_dir / network / "model.padded.onnx"))
         for point in ("min", "opt", "max"):
             feeds = reference.feeds(point, 0)
             assert np.array_equal(plain.run(None, feeds)[0], padded.run(None, feeds)[0]), (network, point)
 
 
-def test_tensorrt_is_skipped_with_the_reason_and_the_plan_is_recorded(compiled: Path) -> None:
-    manifest = read_manifest(compiled)
+def test_tensorrt_is_skipped_with_the_reason_and_the_plan_is_recorded(gpu_dir: Path) -> None:
+    manifest = read_manifest(gpu_dir)
     for network in manifest.networks.values():
         trt = network.artifacts["tensorrt"]
         assert trt.skipped and "TensorRT needs" in trt.skipped and trt.path is None
         assert network.facts["tensorrt_plan"]["profiles"][0]["obs"]["max"] == [8, 16, 64]
     assert manifest.networks["value"].facts["tensorrt_plan"]["precision"] == "fp16"
-    assert not list(compiled.rglob("model.plan"))
+    assert not list(gpu_dir.rglob("model.plan"))
 
 
-def test_precision_record_says_what_each_backend_did(compiled: Path) -> None:
-    value = read_manifest(compiled).networks["value"].facts["precision"]
+def test_precision_record_says_what_each_backend_did(gpu_dir: Path) -> None:
+    value = read_manifest(gpu_dir).networks["value"].facts["precision"]
     assert value["requested"] == "fp16"
     assert "precision fp16 not applied" in value["backends"]["onnxruntime"]
     assert value["backends"]["tensorrt"].startswith("not built: TensorRT needs")
 
 
-def test_every_triton_config_parses_and_agrees_with_the_profile(compiled: Path) -> None:
+def test_every_triton_config_parses_and_agrees_with_the_profile(gpu_dir: Path) -> None:
     model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
     from google.protobuf import text_format
 
-    manifest = read_manifest(compiled)
-    configs = sorted((compiled / "triton").glob("*/config.pbtxt"))
+    manifest = read_manifest(gpu_dir)
+    configs = sorted((gpu_dir / "triton").glob("*/config.pbtxt"))
     assert [c.parent.name for c in configs] == ["gpu-path_policy_onnxruntime", "gpu-path_policy_torchscript",
                                                 "gpu-path_value_onnxruntime", "gpu-path_value_torchscript"]
     for path in configs:
@@ -122,14 +122,21 @@ def test_every_triton_config_parses_and_agrees_with_the_profile(compiled: Path) 
         assert [(w.batch_size, list(next(iter(w.inputs.values())).dims)) for w in config.model_warmup] == [
             (p[0], p[1:]) for p in (profile["min"], profile["opt"], profile["max"])]
         assert (path.parent / "1").iterdir()
-    assert (compiled / "triton/gpu-path_policy_onnxruntime/1/model.onnx").read_bytes() == \
-        (compiled / "policy/model.padded.onnx").read_bytes()
+    assert (gpu_dir / "triton/gpu-path_policy_onnxruntime/1/model.onnx").read_bytes() == \
+        (gpu_dir / "policy/model.padded.onnx").read_bytes()
 
 
-def test_verify_rehashes_triton_files_and_passes(compiled: Path) -> None:
-    done = subprocess.run([*RLOPT, "verify", str(compiled), "--json"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "triton/gpu-path_value_torchscript/1/model.pt" in done.stdout
+def test_verify_rehashes_triton_files_and_passes(gpu_dir: Path) -> None:
+    """In process: `rlopt verify` itself (exit codes, JSON) is tests/test_compile.py's."""
+    from rlopt.verify import verify_model_dir
+
+    report = verify_model_dir(gpu_dir)
+    assert report.passed, [f.detail for f in report.findings if not f.ok]
+    rehashed = {f.subject for f in report.findings if f.detail == "sha256 ok"}
+    assert {"triton/gpu-path_value_torchscript/1/model.pt", "triton/gpu-path_policy_onnxruntime/1/model.onnx",
+            "policy/model.padded.onnx"} <= rehashed
+    assert {(f.network, f.subject) for f in report.findings if f.detail.startswith("parity ok")} == {
+        (n, b) for n in ("policy", "value") for b in ("torchscript", "onnxruntime")}
 
 
 def tiny_mlp(path: Path, hidden: int = 40) -> Path:
