@@ -74,7 +74,7 @@ def test_bundled_recipe_loads_builds_and_scripts(recipe: str, tmp_path: Path) ->
 def test_bundled_tuning_database_is_readable_and_matches_the_recipe(recipe: str) -> None:
     """The shipped `<recipe>.tuning/` has one workload per network and profile shape, each kernel's best
     record, and opens as a MetaSchedule database (what compile applies when the CPU matches)."""
-    from rlopt.backends.tvm.tuning import file_slug, open_database, profile_shapes, read_meta, shape_key, target_key
+    from rlopt.backends.tvm.database import file_slug, open_database, profile_shapes, read_meta, shape_key, target_key
     from rlopt.recipe import load_recipe
 
     path = RECIPES / recipe

@@ -13,11 +13,11 @@ from tests.tools.common import run_piped
 def test_human_table(tiny_compiled: Path) -> None:
     """Piped, with no COLUMNS: the table takes its natural width (rich would wrap it at 80) and the progress
     goes to stderr as plain lines."""
-    proc = run_piped("bench", str(tiny_compiled), "--network", "policy", "--budget", "0.05")
+    proc = run_piped("bench", str(tiny_compiled), "--network", "value", "--budget", "0.02")
     assert proc.returncode == 0, proc.stderr
     assert "x ORT best" in proc.stdout and "onnxruntime 1 thread" in proc.stdout and "not run:" in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) > 80, proc.stdout
-    assert "policy: median / p99 per call, x = median / best ONNX Runtime median" in proc.stdout
+    assert "value: median / p99 per call, x = median / best ONNX Runtime median" in proc.stdout
     assert proc.stdout.endswith("\n") and "\r" not in proc.stdout + proc.stderr and "\x1b" not in proc.stdout
     progress = [line for line in proc.stderr.splitlines() if line.strip()]
     assert progress and all(line.startswith(("bench: ", "native library messages: ")) for line in progress), progress
