@@ -293,11 +293,11 @@ def _internal_error(exc: BaseException) -> str:
     import traceback
     from datetime import datetime, timezone
 
-    from rlopt.compile.cache import default_cache_root
+    from rlopt.machine import cache_root
 
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     name = f"internal-error-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}.log"
-    for folder in (default_cache_root() / "logs", Path(tempfile.gettempdir())):
+    for folder in (cache_root() / "logs", Path(tempfile.gettempdir())):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text(f"rlopt {' '.join(sys.argv[1:])}\n{text}", encoding="utf-8")

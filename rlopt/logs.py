@@ -20,20 +20,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlopt.machine import cache_root
+
 KEEP_LOGS = 20  # per command: older logs are removed when a new one is made
 
 
-def cache_dir() -> Path:
-    """`$RLOPT_CACHE`, else `$XDG_CACHE_HOME/rlopt`, else `~/.cache/rlopt` (contract section 7)."""
-    if os.environ.get("RLOPT_CACHE"):
-        return Path(os.environ["RLOPT_CACHE"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "rlopt"
-    return Path.home() / ".cache" / "rlopt"
-
-
 def log_dir() -> Path:
-    return cache_dir() / "logs"
+    return cache_root() / "logs"
 
 
 @dataclass
@@ -103,4 +96,4 @@ def native_output_to_log(command: str) -> Iterator[NativeLog]:
                 path.unlink()
 
 
-__all__ = ["NativeLog", "cache_dir", "log_dir", "native_output_to_log"]
+__all__ = ["NativeLog", "log_dir", "native_output_to_log"]

@@ -22,6 +22,16 @@ def usable_cores() -> int:
     return len(usable_core_ids())
 
 
+def cache_root() -> Path:
+    """`$RLOPT_CACHE`, else `$XDG_CACHE_HOME/rlopt`, else `~/.cache/rlopt` (contract section 7): the stage cache,
+    and the logs of native libraries and internal errors."""
+    if os.environ.get("RLOPT_CACHE"):
+        return Path(os.environ["RLOPT_CACHE"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "rlopt"
+    return Path.home() / ".cache" / "rlopt"
+
+
 def load_average() -> list[float] | None:
     """1/5/15-minute load averages: a measurement on a busy machine says so."""
     return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None

@@ -21,18 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rlopt.machine import cache_root
 from rlopt.manifest import sha256_file, write_json
 
 ENTRY_NAME = "entry.json"
-
-
-def default_cache_root() -> Path:
-    """$RLOPT_CACHE, else $XDG_CACHE_HOME/rlopt, else ~/.cache/rlopt (contract section 7)."""
-    if os.environ.get("RLOPT_CACHE"):
-        return Path(os.environ["RLOPT_CACHE"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "rlopt"
-    return Path.home() / ".cache" / "rlopt"
 
 
 def canonical(components: dict[str, Any]) -> str:
@@ -87,7 +79,7 @@ class CacheHit:
 class StageCache:
     """A content-addressed folder of stage outputs. `enabled=False` makes every lookup a miss."""
 
-    root: Path = field(default_factory=default_cache_root)
+    root: Path = field(default_factory=cache_root)
     enabled: bool = True
     warnings: list[str] = field(default_factory=list)
 

@@ -29,13 +29,13 @@ def test_an_internal_error_is_one_line_exit_3_with_the_traceback_in_a_log(
 
 
 def test_the_cache_directory_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from rlopt.compile.cache import default_cache_root
+    from rlopt.machine import cache_root
 
     monkeypatch.delenv("RLOPT_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert default_cache_root() == tmp_path / "rlopt"
+    assert cache_root() == tmp_path / "rlopt"
     monkeypatch.setenv("RLOPT_CACHE", str(tmp_path / "mine"))
-    assert default_cache_root() == tmp_path / "mine"
+    assert cache_root() == tmp_path / "mine"
 
 
 def test_a_user_error_is_never_exit_3(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlopt.logs import cache_dir, native_output_to_log
+from rlopt.logs import native_output_to_log
+from rlopt.machine import cache_root
 
 CHILD = """
 import os, sys
@@ -63,9 +64,9 @@ def test_an_unwritable_cache_leaves_fd_2_alone(tmp_path: Path, monkeypatch: pyte
 def test_cache_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RLOPT_CACHE", str(tmp_path / "a"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert cache_dir() == tmp_path / "a"
+    assert cache_root() == tmp_path / "a"
     monkeypatch.delenv("RLOPT_CACHE")
-    assert cache_dir() == tmp_path / "x" / "rlopt"
+    assert cache_root() == tmp_path / "x" / "rlopt"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert cache_dir() == tmp_path / "home" / ".cache" / "rlopt"
+    assert cache_root() == tmp_path / "home" / ".cache" / "rlopt"

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rlopt.tools.report import ToolReport
+
 
 class CandidateResult(BaseModel):
     candidate: str
@@ -51,11 +53,8 @@ class NetworkBench(BaseModel):
     workers: dict[str, WorkerInfo] = {}
 
 
-class BenchReport(BaseModel):
+class BenchReport(ToolReport):
     kind: str = "rlopt-bench"
-    schema_version: int = 1
-    created_at: str
-    model_dir: str
     budget_s: float
     method: str
     isolation: str = "process"

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rlopt.tools.report import ToolReport
+
 
 class LatencySummary(BaseModel):
     count: int
@@ -58,11 +60,8 @@ class SloReport(BaseModel):
     passed: bool
 
 
-class WarmupReport(BaseModel):
+class WarmupReport(ToolReport):
     kind: str = "rlopt-warmup"
-    schema_version: int = 1
-    created_at: str
-    model_dir: str
     profile: str
     profile_name: str
     network: str
