@@ -131,3 +131,13 @@ def test_windows_are_about_a_second_and_never_nearly_empty() -> None:
     assert all(hi - lo >= 5 for lo, hi in windows(np.ones(rare.size), np.sort(rare)))
     short_starts, short = trace(duration_s=1, rate=400)  # a 1 s run: fewer than MIN_WINDOWS seconds, so by count
     assert len(windows(short, short_starts)) >= MIN_WINDOWS
+
+
+def test_host_load_that_comes_and_goes_is_noise_not_a_trend() -> None:
+    """Every second a new level within +-15% (another process on the host), and the last quarter 12% faster
+    than the one before on average: within the run's own window-to-window noise, so steady from the start."""
+    starts, latencies = trace(seed=6, sigma=0.1)
+    rng = np.random.default_rng(7)
+    latencies *= rng.uniform(0.85, 1.15, 121)[starts.astype(int)]
+    latencies[starts >= 90] *= 0.88
+    assert steady_at(starts, latencies) < 10.0

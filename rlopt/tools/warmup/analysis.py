@@ -35,7 +35,7 @@ COUNT_WINDOWS = 50  # windows by count: this many, of at least MERGE_BELOW reque
 BAND_K = 3.0  # the band: steady level + BAND_K * max(spread, BAND_FLOOR * level)
 BAND_FLOOR = 0.05  # so a band is never narrower than +15 % of the level, however quiet the run
 OUTLIER_SHARE = 0.20  # from steady state on, out-of-band windows stay below this share of every stretch
-DRIFT_TOLERANCE = 0.10  # last quarter's level vs the quarter before: more apart than this = still moving
+DRIFT_TOLERANCE = 0.10  # last quarter's level vs the quarter before: more apart than this and 3 x the noise = moving
 FINAL_WINDOW_SHARE = 0.20  # the SLO's basis when steady state is not reached: the last 20 % of requests
 MIN_FINAL_WINDOW = 20
 STEADY_DEFINITION = (
@@ -43,7 +43,9 @@ STEADY_DEFINITION = (
     "on average; by count, 50 windows, when the run is shorter than 8 windows), each summarised by its median. "
     "Steady level = median of the last half's window medians; spread = 1.4826 x their median absolute deviation; "
     "band = level + 3 x max(spread, 5% of level). Not steady if the median of the last quarter's window medians "
-    "differs from the quarter before by more than 10% (latency still moving at the end: run longer). Otherwise "
+    "differs from the quarter before by more than 10% and by more than 3 x the window-to-window noise (1.4826 x "
+    "the median absolute successive difference / sqrt 2): latency still moving at the end, beyond the run's own "
+    "noise; run longer. Otherwise "
     "steady state begins at the first in-band window w from which every stretch of windows w..v has fewer than "
     "20% of its windows above the band (a cold start is the slow stretch at the start; an isolated slow window "
     "later is host noise; faster is never cold). The mix is steady when every shape is. Times are seconds since "
@@ -105,7 +107,9 @@ def steady_index(latencies_s: np.ndarray, starts_s: np.ndarray | None = None
     level = float(np.median(last_half))
     quarter = max(1, m // 4)
     final, previous = float(np.median(medians[m - quarter:])), float(np.median(medians[m - 2 * quarter:m - quarter]))
-    if abs(previous - final) > DRIFT_TOLERANCE * final:
+    # window-to-window noise, from successive differences: a slow trend does not inflate it
+    noise = 1.4826 * float(np.median(np.abs(np.diff(last_half)))) / np.sqrt(2) if last_half.size > 1 else 0.0
+    if abs(previous - final) > max(DRIFT_TOLERANCE * final, BAND_K * noise):
         return None, final_p99, (f"latency was still moving at the end (window median {previous * 1e3:.3g} -> "
                                  f"{final * 1e3:.3g} ms over the last half of the run); run longer")
     spread = 1.4826 * float(np.median(np.abs(last_half - level)))
