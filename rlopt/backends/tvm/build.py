@@ -219,8 +219,8 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                recipe_path: Path, network: str, spec: NetworkSpec | None) -> StageOutput:
     tvm = require("tvm")
     from rlopt.manifest import file_record
-    from rlopt.backends.tvm.database import (Workload, apply_database, database_dir, file_slug, open_database,
-                                             profile_shapes, target_key)
+    from rlopt.backends.tvm.database import (Workload, apply_database, choose_database, database_dir, file_slug,
+                                             open_database, profile_shapes, target_key)
     from rlopt.backends.tvm.tuning import tune_workloads
 
     dynamic = pool.submit(_compile, mod, target, out_path, recipe_path, network)
@@ -233,10 +233,12 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         return StageOutput(out_path, facts)
 
     workloads = [Workload(network, points, shapes, model) for points, shapes in profile_shapes(spec)]
-    db_dir = database_dir(recipe_path, target_dict)
+    choice = choose_database(recipe_path, target_dict)
     if config.tune_trials > 0:
-        tune_workloads(workloads, target_dict, db_dir, trials=config.tune_trials)
-    database = open_database(db_dir, create=False)
+        choice = type(choice)(database_dir(recipe_path, target_dict), True, "tuned here")
+        tune_workloads(workloads, target_dict, choice.directory, trials=config.tune_trials)
+    db_dir = choice.directory
+    database = open_database(db_dir, create=False) if choice.found else None
 
     def build_static(workload: Workload) -> tuple[dict[str, Any], Path]:
         """One shape's library: import, tuned schedules, weights pre-packed (FoldConstant runs the re-layout now,
@@ -267,9 +269,12 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
     facts.update({
         "tuned": any(b["tuned_kernels"] for b in builds), "shape_builds": builds,
         "database": {"dir": f"{db_dir.parent.name}/{db_dir.name}",
-                     "target_key": target_key(target_dict), "found": database is not None},
+                     "target_key": target_key(target_dict), "found": database is not None,
+                     "reason": choice.reason},
         "num_threads": threads, "thread_latency_us": thread_table,
         "tuning_summary": (f"tuned {len(builds) - len(missing)}/{len(builds)} shapes"
+                           + (f" with the {db_dir.name} database ({choice.reason})"
+                              if choice.found and db_dir.name != target_key(target_dict) else "")
                            + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
                               else "")),
     })

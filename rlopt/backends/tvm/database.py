@@ -62,6 +62,52 @@ def target_key(target: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
 
 
+# What a tuned fp32 schedule depends on: the vector width and the FMA forms LLVM may use for it. Two CPUs with the
+# same of these run each other's schedules alike (LLVM names; znver4, znver5 and icelake-server agree on them).
+SCHEDULE_FEATURES = frozenset({"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "neon", "sve"})
+
+
+def schedule_features(mcpu: str) -> frozenset[str]:
+    """The SCHEDULE_FEATURES LLVM gives an mcpu."""
+    tvm = require("tvm")
+    codegen = require("tvm.target.codegen")
+    features = codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    return frozenset(str(f) for f in features) & SCHEDULE_FEATURES
+
+
+@dataclass
+class DatabaseChoice:
+    """The database folder a build applies, and why (for the manifest): exact CPU name, same features, or none."""
+
+    directory: Path
+    found: bool
+    reason: str
+
+
+def choose_database(recipe_path: Path, target: dict[str, Any]) -> DatabaseChoice:
+    """`<recipe>.tuning/<kind-mcpu>/` when it exists; else, for an llvm target, a database tuned on a CPU with the
+    same schedule features (its records are looked up by workload; the code is still generated for this target)."""
+    exact = database_dir(recipe_path, target)
+    if exact.is_dir():
+        return DatabaseChoice(exact, True, f"tuned for {target_key(target)}")
+    mcpu = target.get("mcpu")
+    candidates = sorted(p for p in tuning_root(recipe_path).glob("llvm-*") if p.is_dir()) \
+        if target.get("kind") == "llvm" and mcpu else []
+    if not candidates:
+        return DatabaseChoice(exact, False, f"no database for {target_key(target)}")
+    wanted = schedule_features(str(mcpu))
+    differences = []
+    for folder in candidates:
+        tuned_for = str(read_meta(folder).get("target", {}).get("mcpu") or folder.name.removeprefix("llvm-"))
+        have = schedule_features(tuned_for)
+        if have == wanted:
+            return DatabaseChoice(folder, True, f"tuned on {tuned_for}, which has the same vector features as "
+                                                f"{mcpu} ({', '.join(sorted(have))})")
+        differences.append(f"{tuned_for} has {', '.join(sorted(have ^ wanted))} where {mcpu} differs")
+    return DatabaseChoice(exact, False, f"no database for {target_key(target)}; not applied: "
+                                        + "; ".join(differences))
+
+
 def tuning_root(recipe_path: Path) -> Path:
     """`recipes/ppo_mlp.yaml` -> `recipes/ppo_mlp.tuning/` (committed next to the recipe)."""
     return recipe_path.with_name(recipe_path.stem + TUNING_SUFFIX)
