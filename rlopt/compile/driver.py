@@ -77,7 +77,8 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
         staging = staging_dir(out_dir)
         try:
             (staging / "recipe.yaml").write_text(recipe.resolved_yaml(), encoding="utf-8")
-            model, _ = (source or model_source(recipe, recipe_path)).load()
+            source = source or model_source(recipe, recipe_path)
+            model, _ = source.load()
             networks: dict[str, NetworkRecord] = {}
             failures: list[str] = []
             for name, spec in recipe.networks.items():
@@ -85,6 +86,10 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
                               module=submodule(model, spec.module, recipe_path, name))
                 networks[name] = compile_network(engine, ctx)
                 failures.extend(ctx.failures)
+                if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
+                    from rlopt.compile.sources import rollout_failures
+
+                    failures.extend(rollout_failures(source, recipe, staging, networks[name]))
             manifest = Manifest(
                 schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=tool_versions(),

@@ -39,7 +39,11 @@ class FactorySource:
 
 
 def model_source(recipe: Recipe, recipe_path: Path) -> ModelSource:
-    """The source a recipe's `model` section names (a factory today)."""
+    """The source a recipe's `model` section names: a factory, or an SB3 agent zip."""
+    if recipe.model.sb3 is not None:
+        from rlopt.compile.sources import Sb3Source
+
+        return Sb3Source(recipe, recipe_path)
     return FactorySource(recipe, recipe_path)
 
 
