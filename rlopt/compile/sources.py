@@ -1,4 +1,4 @@
-"""Stable-Baselines3 agents as compile's model source, their rollout check, and `rlopt compile agent.zip`."""
+"""Stable-Baselines3 agents as compile's model source, and their rollout check (contract section 9)."""
 
 from __future__ import annotations
 
@@ -69,31 +69,4 @@ def rollout_failures(source: Sb3Source, recipe: Recipe, staging: Path, record: A
     return failures
 
 
-def compile_agent(zip_path: Path | str, out_dir: Path | str | None = None, *, vecnormalize: Path | str | None = None,
-                  env: str | None = None, **options: Any) -> Any:
-    """`rlopt compile agent.zip`: generate the recipe (rlopt.sb3.agent_recipe), compile it, keep it as
-    DIR/recipe.yaml. `options` go to compile_recipe (backends, tune_trials, reporter, cache)."""
-    import tempfile
-
-    import yaml
-
-    from rlopt.compile.driver import compile_recipe
-    from rlopt.sb3 import agent_recipe, load_agent
-
-    zip_path = Path(zip_path).resolve()
-    if not zip_path.is_file():
-        raise UsageError(located(zip_path, "agent", "not found", "give the path of an SB3 model.save() zip"))
-    stats = Path(vecnormalize).resolve() if vecnormalize is not None else None
-    if stats is not None and not stats.is_file():
-        raise UsageError(located(stats, "--vecnormalize", "not found", "give the VecNormalize .pkl path"))
-    agent = load_agent(zip_path, vecnormalize=stats, env=env)
-    document = agent_recipe(agent, zip_path, stats)
-    if env:
-        document["verify"] = {"rollout": {"env": env, "steps": 1000, "seed": 0}}
-    with tempfile.TemporaryDirectory(prefix="rlopt-agent-") as folder:
-        recipe_path = Path(folder) / "recipe.yaml"
-        recipe_path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-        return compile_recipe(recipe_path, out_dir, **options)
-
-
-__all__ = ["Sb3Source", "compile_agent", "rollout_failures"]
+__all__ = ["Sb3Source", "rollout_failures"]
