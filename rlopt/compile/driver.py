@@ -84,6 +84,11 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             for name, spec in recipe.networks.items():
                 ctx = Context(recipe, recipe_path, name, spec, staging,
                               module=submodule(model, spec.module, recipe_path, name))
+                if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
+                    from rlopt.compile.sources import rollout_feeds
+
+                    ctx.artifacts["rollout_feeds"] = rollout_feeds(source, recipe, ctx.module, list(spec.inputs),
+                                                                   list(spec.outputs))
                 networks[name] = compile_network(engine, ctx)
                 failures.extend(ctx.failures)
                 if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):

@@ -73,15 +73,23 @@ class RecordReference(Stage):
 
     def config(self, ctx: Context) -> Any:
         verify = ctx.recipe.verify
-        return {"network": interface(ctx), "shapes": ctx.spec.shapes,
-                "verify": {"samples": verify.samples, "seed": verify.seed, "steps": verify.steps}}
+        config = {"network": interface(ctx), "shapes": ctx.spec.shapes,
+                  "verify": {"samples": verify.samples, "seed": verify.seed, "steps": verify.steps}}
+        if ctx.artifacts.get("rollout_feeds"):   # SB3 agents: the visited observations join the reference
+            config["rollout"] = verify.rollout.model_dump(mode="json") if verify.rollout else None
+        return config
 
     def run(self, ctx: Context) -> StageOutput:
         from rlopt.reference import record_reference
 
         path = ctx.dir / "reference.npz"
-        record_reference(ctx.module, ctx.spec, ctx.recipe.verify.samples, ctx.recipe.verify.seed,
-                         recipe_path=ctx.recipe_path, network=ctx.name, steps=ctx.recipe.verify.steps).save(path)
+        reference = record_reference(ctx.module, ctx.spec, ctx.recipe.verify.samples, ctx.recipe.verify.seed,
+                                     recipe_path=ctx.recipe_path, network=ctx.name, steps=ctx.recipe.verify.steps)
+        if ctx.artifacts.get("rollout_feeds"):
+            from rlopt.compile.sources import add_rollout_point
+
+            add_rollout_point(reference, ctx.module, ctx.artifacts["rollout_feeds"])
+        reference.save(path)
         return StageOutput(path, {})
 
     def detail(self, ctx: Context, out: StageOutput) -> str:

@@ -69,4 +69,53 @@ def rollout_failures(source: Sb3Source, recipe: Recipe, staging: Path, record: A
     return failures
 
 
-__all__ = ["Sb3Source", "rollout_failures"]
+ROLLOUT_SAMPLES = 64   # visited observations kept in reference.npz (point `rollout`, batch 1 each)
+
+
+def rollout_feeds(source: Sb3Source, recipe: Recipe, module: Any, names: list[str],
+                  outputs: list[str]) -> dict[str, Any]:
+    """Run `verify.rollout` with the eager actor (before any backend exists): up to ROLLOUT_SAMPLES of the
+    visited inputs, evenly spaced along the rollout, each with a batch dim of 1."""
+    import numpy as np
+    import torch
+
+    from rlopt.backends.base import flatten_outputs
+    from rlopt.sb3 import rollout_check
+
+    rollout = recipe.verify.rollout
+    assert rollout is not None and source.agent is not None
+
+    def eager(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            result = flatten_outputs(module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names]))
+        return {n: v.detach().numpy() for n, v in zip(outputs, result)}
+
+    report = rollout_check(source.agent, rollout.env, infer=eager, steps=rollout.steps, seed=rollout.seed,
+                           atol=recipe.verify.atol)
+    count = len(report.inputs[names[0]]) if report.inputs else 0
+    index = np.unique(np.linspace(0, count - 1, min(ROLLOUT_SAMPLES, count)).astype(int)) if count else []
+    return {n: report.inputs[n][index][:, None] for n in names} if count else {}
+
+
+def add_rollout_point(reference: Any, module: Any, feeds: dict[str, Any]) -> None:
+    """Point `rollout` of reference.npz: the visited inputs and the eager module's outputs for each."""
+    import numpy as np
+    import torch
+
+    from rlopt.backends.base import flatten_outputs
+
+    if not feeds:
+        return
+    names, per_output = reference.input_names, {n: [] for n in reference.output_names}
+    for i in range(len(feeds[names[0]])):
+        with torch.inference_mode():
+            result = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][i])) for n in names]))
+        for name, value in zip(reference.output_names, result):
+            per_output[name].append(value.detach().numpy().copy())
+    for name in names:
+        reference.arrays[f"rollout:in:{name}"] = np.ascontiguousarray(feeds[name])
+    for name, values in per_output.items():
+        reference.arrays[f"rollout:out:{name}"] = np.stack(values)
+
+
+__all__ = ["ROLLOUT_SAMPLES", "Sb3Source", "add_rollout_point", "rollout_failures", "rollout_feeds"]

@@ -43,6 +43,10 @@ def test_compile_ppo_zip_with_rollout(agents_dir: Path, tmp_path: Path, capsys: 
     rollout = report["manifest"]["networks"]["actor"]["facts"]["rollout"]
     assert set(rollout) == {"torchscript", "onnxruntime"}
     assert all(r["agreement"] == 1.0 and r["steps"] == 1000 for r in rollout.values())
+    with np.load(out / "actor" / "reference.npz") as reference:   # the visited observations joined the reference
+        assert reference["rollout:in:obs"].shape == (64, 1, 4)
+    assert any(s.startswith("rollout ") for s in report["manifest"]["networks"]["actor"]["artifacts"]
+               ["onnxruntime"]["parity"]["shapes"])
     model = PPO.load(zip_path, device="cpu")
     obs, _ = gymnasium.make(env_id).reset(seed=3)
     session = rlopt.load(out, "actor")
