@@ -144,6 +144,7 @@ def _in_rollout() -> bool:
     return any(frame.function == "rollout_failures" for frame in inspect.stack())
 
 
+TVM_CANNOT_IMPORT = {"recurrent", "maskable"}
 SLOW_AGENTS = ["ppo", "a2c_vecnorm", "sac", "td3", "dqn", "recurrent", "maskable", "cnn", "dict"]
 
 
@@ -156,12 +157,29 @@ def test_every_algorithm_compiles_from_its_zip(name: str, agents_dir: Path, tmp_
     if pkl is not None:
         args += ["--vecnormalize", str(pkl)]
     code, stdout, stderr = run_cli(args, capsys)
-    assert code == 0, stderr
-    manifest = json.loads(stdout)["manifest"]
+    report = json.loads(stdout)
+    # Known limit: TVM's Relax ONNX frontend cannot import the LSTM step (recurrent) or the mask (maskable) graphs
+    known = [f for f in report["failures"] if f.startswith("actor/tvm: build failed") and name in TVM_CANNOT_IMPORT]
+    assert code == (1 if known else 0), stderr
+    assert report["failures"] == known
+    manifest = report["manifest"]
     rollout = manifest["networks"]["actor"]["facts"]["rollout"]
-    built = [b for b, r in manifest["networks"]["actor"]["artifacts"].items() if r.get("skipped") is None]
+    built = [b for b, r in manifest["networks"]["actor"]["artifacts"].items()
+             if r.get("skipped") is None and r.get("parity") and r["parity"]["passed"]]
     assert set(rollout) == set(built) and rollout
     for report in rollout.values():
         assert report["passed"] and report["steps"] == 1000
         assert report["discrete"] or report["max_abs_diff"] <= 1e-4
     assert AGENTS[name]
+
+
+@pytest.mark.parametrize("model", ["{factory: 'm:f', sb3: a.zip}", "{}", "{factory: 'm:f', vecnormalize: s.pkl}",
+                                   "{sb3: missing.zip}"])
+def test_model_section_errors(model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: x\nmodel: {model}\nnetworks:\n  actor:\n    module: actor\n    inputs:\n"
+                      "      obs: {dtype: float32, min: [1, 4], opt: [1, 4], max: [1, 4]}\n    outputs: [action]\n")
+    code, _, stderr = run_cli(["compile", str(recipe), "-o", str(tmp_path / "out"), *FAST], capsys)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "model" in lines[0] and "Traceback" not in stderr
