@@ -23,11 +23,13 @@ def _print_json(document: object) -> None:
 
 @app.command("compile")
 def compile_command(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML (contract section 1).")],
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML (contract section 1), or an SB3 agent .zip.")],
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="MODEL_DIR (default artifacts/<name>).")] = None,
     backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends (repeatable).")] = None,
     tune_trials: Annotated[Optional[int], typer.Option("--tune-trials", help="MetaSchedule trials (0 = untuned).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not use the stage cache.")] = False,
+    vecnormalize: Annotated[Optional[Path], typer.Option("--vecnormalize", help="SB3 agent: VecNormalize .pkl.")] = None,
+    env: Annotated[Optional[str], typer.Option("--env", help="SB3 agent: gymnasium id for rollout checks.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR."""
@@ -35,9 +37,18 @@ def compile_command(
     from rlopt.compile import compile_recipe
     from rlopt.render import ProgressReporter, parity_failure_table, stage_table, stderr, stdout, summary_table
 
+    from rlopt.compile import compile_agent
+    from rlopt.errors import UsageError
+
+    agent = recipe.suffix.lower() == ".zip"
+    if not agent and (vecnormalize is not None or env is not None):
+        raise UsageError(f"{recipe}: --vecnormalize / --env go with an agent .zip; fix: put them in the recipe "
+                         "(model.vecnormalize, verify.rollout.env)")
     with ProgressReporter() as reporter:
-        result = compile_recipe(recipe, output, backends=backend, tune_trials=tune_trials, reporter=reporter,
-                                cache=StageCache(enabled=not no_cache))
+        options: dict[str, Any] = {"backends": backend, "tune_trials": tune_trials, "reporter": reporter,
+                                   "cache": StageCache(enabled=not no_cache)}
+        result = (compile_agent(recipe, output, vecnormalize=vecnormalize, env=env, **options) if agent
+                  else compile_recipe(recipe, output, **options))
     if json_out:
         _print_json({"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,
                      "seconds": round(result.seconds, 2), "stages": [list(r) for r in reporter.rows],

@@ -215,20 +215,27 @@ class NetworkSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    factory: str
+    factory: str | None = None
+    sb3: str | None = None           # an SB3 model.save() zip and its VecNormalize .pkl, relative to the recipe
+    vecnormalize: str | None = None
     kwargs: dict[str, Any] = Field(default_factory=dict)
     checkpoint: str | None = None
     seed: int = 0
 
     @field_validator("factory")
     @classmethod
-    def _factory(cls, value: str) -> str:
-        target, sep, attr = value.rpartition(":")
-        if not sep or not target or not attr:
-            raise ValueError(
-                f"'{value}' is not 'pkg.module:callable' or 'path/to/file.py:callable'"
-            )
+    def _factory(cls, value: str | None) -> str | None:
+        target, sep, attr = (value or ":").rpartition(":")
+        if value is not None and (not sep or not target or not attr):
+            raise ValueError(f"'{value}' is not 'pkg.module:callable' or 'path/to/file.py:callable'")
         return value
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.factory is None) == (self.sb3 is None):
+            raise ValueError("give exactly one of 'factory' (a Python callable) or 'sb3' (an agent zip)")
+        if self.vecnormalize is not None and self.sb3 is None:
+            raise ValueError("'vecnormalize' goes only with 'sb3'")
+        return self
 
 
 class TvmConfig(_Strict):
@@ -255,7 +262,6 @@ class TensorRTConfig(_Strict):
 class OnnxConfig(_Strict):
     opset: int = Field(default=17, ge=13, le=21)
 
-
 class OnnxRuntimeConfig(_Strict):
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"])
 
@@ -265,6 +271,11 @@ class ReducedPrecisionTolerance(_Strict):
     rtol: float = Field(default=1.0e-2, ge=0)
     max_kl: float = Field(default=1.0e-3, ge=0)
 
+
+class RolloutConfig(_Strict):
+    env: str
+    steps: int = Field(default=1000, ge=1)
+    seed: int = 0
 
 class VerifyConfig(_Strict):
     samples: int = Field(default=32, ge=1, le=1024)
@@ -276,6 +287,7 @@ class VerifyConfig(_Strict):
     steps: int = Field(default=4, ge=1, le=64)
     # Gate for artifacts built in reduced precision (fp16/bf16 engines, int8 ONNX Runtime).
     reduced_precision: ReducedPrecisionTolerance = Field(default_factory=lambda: ReducedPrecisionTolerance())
+    rollout: RolloutConfig | None = None   # SB3 agents: run the env, every backend of `actor` vs predict (section 9)
 
 
 class Recipe(_Strict):

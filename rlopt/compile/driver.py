@@ -77,14 +77,24 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
         staging = staging_dir(out_dir)
         try:
             (staging / "recipe.yaml").write_text(recipe.resolved_yaml(), encoding="utf-8")
-            model, _ = (source or model_source(recipe, recipe_path)).load()
+            source = source or model_source(recipe, recipe_path)
+            model, _ = source.load()
             networks: dict[str, NetworkRecord] = {}
             failures: list[str] = []
             for name, spec in recipe.networks.items():
                 ctx = Context(recipe, recipe_path, name, spec, staging,
                               module=submodule(model, spec.module, recipe_path, name))
+                if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
+                    from rlopt.compile.sources import rollout_feeds
+
+                    ctx.artifacts["rollout_feeds"] = rollout_feeds(source, recipe, ctx.module, list(spec.inputs),
+                                                                   list(spec.outputs))
                 networks[name] = compile_network(engine, ctx)
                 failures.extend(ctx.failures)
+                if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
+                    from rlopt.compile.sources import rollout_failures
+
+                    failures.extend(rollout_failures(source, recipe, staging, networks[name]))
             manifest = Manifest(
                 schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=tool_versions(),
@@ -97,3 +107,29 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return CompileResult(out_dir, manifest, failures, time.perf_counter() - started, list(cache.warnings))
+
+
+def compile_agent(zip_path: Path | str, out_dir: Path | str | None = None, *, vecnormalize: Path | str | None = None,
+                  env: str | None = None, **options: Any) -> Any:
+    """`rlopt compile agent.zip`: generate the recipe (rlopt.sb3.agent_recipe), compile it, keep it as
+    DIR/recipe.yaml. `options` go to compile_recipe (backends, tune_trials, reporter, cache)."""
+    import tempfile
+
+    import yaml
+
+    from rlopt.sb3 import agent_recipe, load_agent
+
+    zip_path = Path(zip_path).resolve()
+    if not zip_path.is_file():
+        raise UsageError(located(zip_path, "agent", "not found", "give the path of an SB3 model.save() zip"))
+    stats = Path(vecnormalize).resolve() if vecnormalize is not None else None
+    if stats is not None and not stats.is_file():
+        raise UsageError(located(stats, "--vecnormalize", "not found", "give the VecNormalize .pkl path"))
+    agent = load_agent(zip_path, vecnormalize=stats, env=env)
+    document = agent_recipe(agent, zip_path, stats)
+    if env:
+        document["verify"] = {"rollout": {"env": env, "steps": 1000, "seed": 0}}
+    with tempfile.TemporaryDirectory(prefix="rlopt-agent-") as folder:
+        recipe_path = Path(folder) / "recipe.yaml"
+        recipe_path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+        return compile_recipe(recipe_path, out_dir, **options)

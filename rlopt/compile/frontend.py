@@ -39,7 +39,11 @@ class FactorySource:
 
 
 def model_source(recipe: Recipe, recipe_path: Path) -> ModelSource:
-    """The source a recipe's `model` section names (a factory today)."""
+    """The source a recipe's `model` section names: a factory, or an SB3 agent zip."""
+    if recipe.model.sb3 is not None:
+        from rlopt.compile.sources import Sb3Source
+
+        return Sb3Source(recipe, recipe_path)
     return FactorySource(recipe, recipe_path)
 
 
@@ -69,15 +73,23 @@ class RecordReference(Stage):
 
     def config(self, ctx: Context) -> Any:
         verify = ctx.recipe.verify
-        return {"network": interface(ctx), "shapes": ctx.spec.shapes,
-                "verify": {"samples": verify.samples, "seed": verify.seed, "steps": verify.steps}}
+        config = {"network": interface(ctx), "shapes": ctx.spec.shapes,
+                  "verify": {"samples": verify.samples, "seed": verify.seed, "steps": verify.steps}}
+        if ctx.artifacts.get("rollout_feeds"):   # SB3 agents: the visited observations join the reference
+            config["rollout"] = verify.rollout.model_dump(mode="json") if verify.rollout else None
+        return config
 
     def run(self, ctx: Context) -> StageOutput:
         from rlopt.reference import record_reference
 
         path = ctx.dir / "reference.npz"
-        record_reference(ctx.module, ctx.spec, ctx.recipe.verify.samples, ctx.recipe.verify.seed,
-                         recipe_path=ctx.recipe_path, network=ctx.name, steps=ctx.recipe.verify.steps).save(path)
+        reference = record_reference(ctx.module, ctx.spec, ctx.recipe.verify.samples, ctx.recipe.verify.seed,
+                                     recipe_path=ctx.recipe_path, network=ctx.name, steps=ctx.recipe.verify.steps)
+        if ctx.artifacts.get("rollout_feeds"):
+            from rlopt.compile.sources import add_rollout_point
+
+            add_rollout_point(reference, ctx.module, ctx.artifacts["rollout_feeds"])
+        reference.save(path)
         return StageOutput(path, {})
 
     def detail(self, ctx: Context, out: StageOutput) -> str:

@@ -1,0 +1,121 @@
+"""Stable-Baselines3 agents as compile's model source, and their rollout check (contract section 9)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlopt.errors import UsageError, located
+from rlopt.recipe import Recipe
+
+
+@dataclass
+class Sb3Source:
+    """`model: {sb3: agent.zip, vecnormalize: stats.pkl}`: networks `actor` / `value` by `module:` path."""
+
+    recipe: Recipe
+    recipe_path: Path
+    agent: Any = field(default=None, init=False)
+
+    def path(self, value: str) -> Path:
+        return self.recipe_path.parent / value
+
+    def load(self) -> tuple[Any, dict[str, Any]]:
+        from rlopt.sb3 import agent_model, load_agent
+
+        spec, rollout = self.recipe.model, self.recipe.verify.rollout
+        zip_path = self.path(spec.sb3 or "")
+        if not zip_path.is_file():
+            raise UsageError(located(self.recipe_path, "model.sb3", f"{zip_path} not found",
+                                     "give the agent zip's path relative to the recipe"))
+        stats = self.path(spec.vecnormalize) if spec.vecnormalize else None
+        if stats is not None and not stats.is_file():
+            raise UsageError(located(self.recipe_path, "model.vecnormalize", f"{stats} not found",
+                                     "give the VecNormalize .pkl path relative to the recipe"))
+        self.agent = load_agent(zip_path, vecnormalize=stats, env=rollout.env if rollout else None)
+        facts = {"sb3": spec.sb3, "algorithm": self.agent.algorithm, "vecnormalize": spec.vecnormalize}
+        return agent_model(self.agent), facts
+
+
+def rollout_failures(source: Sb3Source, recipe: Recipe, staging: Path, record: Any) -> list[str]:
+    """`verify.rollout` for network `actor`: every verified backend vs predict; reports go to record.facts."""
+    import numpy as np
+
+    from rlopt.backends import open_runner
+    from rlopt.sb3 import rollout_check
+
+    rollout = recipe.verify.rollout
+    assert rollout is not None and source.agent is not None
+    reports: dict[str, Any] = {}
+    failures: list[str] = []
+    names = list(recipe.networks["actor"].inputs)
+    outputs = list(recipe.networks["actor"].outputs)
+    for backend, artifact in record.artifacts.items():
+        if not artifact.built or artifact.parity is None or not artifact.parity.passed:
+            continue
+        runner = open_runner(backend, staging / artifact.path, names, artifact.facts)
+
+        def infer(feeds: dict[str, np.ndarray], runner: Any = runner) -> dict[str, np.ndarray]:
+            return dict(zip(outputs, runner.infer(feeds)))
+
+        report = rollout_check(source.agent, rollout.env, infer=infer, steps=rollout.steps, seed=rollout.seed,
+                               atol=recipe.verify.atol)
+        reports[backend] = report.summary()
+        if not report.passed:
+            failures.append(f"actor/{backend}: rollout: {report.disagreed} of {report.steps} actions differ "
+                            f"from predict")
+    record.facts["rollout"] = reports
+    return failures
+
+
+ROLLOUT_SAMPLES = 64   # visited observations kept in reference.npz (point `rollout`, batch 1 each)
+
+
+def rollout_feeds(source: Sb3Source, recipe: Recipe, module: Any, names: list[str],
+                  outputs: list[str]) -> dict[str, Any]:
+    """Run `verify.rollout` with the eager actor (before any backend exists): up to ROLLOUT_SAMPLES of the
+    visited inputs, evenly spaced along the rollout, each with a batch dim of 1."""
+    import numpy as np
+    import torch
+
+    from rlopt.backends.base import flatten_outputs
+    from rlopt.sb3 import rollout_check
+
+    rollout = recipe.verify.rollout
+    assert rollout is not None and source.agent is not None
+
+    def eager(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            result = flatten_outputs(module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names]))
+        return {n: v.detach().numpy() for n, v in zip(outputs, result)}
+
+    report = rollout_check(source.agent, rollout.env, infer=eager, steps=rollout.steps, seed=rollout.seed,
+                           atol=recipe.verify.atol)
+    count = len(report.inputs[names[0]]) if report.inputs else 0
+    index = np.unique(np.linspace(0, count - 1, min(ROLLOUT_SAMPLES, count)).astype(int)) if count else []
+    return {n: report.inputs[n][index][:, None] for n in names} if count else {}
+
+
+def add_rollout_point(reference: Any, module: Any, feeds: dict[str, Any]) -> None:
+    """Point `rollout` of reference.npz: the visited inputs and the eager module's outputs for each."""
+    import numpy as np
+    import torch
+
+    from rlopt.backends.base import flatten_outputs
+
+    if not feeds:
+        return
+    names, per_output = reference.input_names, {n: [] for n in reference.output_names}
+    for i in range(len(feeds[names[0]])):
+        with torch.inference_mode():
+            result = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][i])) for n in names]))
+        for name, value in zip(reference.output_names, result):
+            per_output[name].append(value.detach().numpy().copy())
+    for name in names:
+        reference.arrays[f"rollout:in:{name}"] = np.ascontiguousarray(feeds[name])
+    for name, values in per_output.items():
+        reference.arrays[f"rollout:out:{name}"] = np.stack(values)
+
+
+__all__ = ["ROLLOUT_SAMPLES", "Sb3Source", "add_rollout_point", "rollout_failures", "rollout_feeds"]
