@@ -33,18 +33,19 @@ def compile_command(
     json_out: JsonFlag = False,
 ) -> None:
     """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR."""
-    from rlopt.compile.cache import StageCache
-    from rlopt.compile import compile_recipe
-    from rlopt.render import ProgressReporter, parity_failure_table, stage_table, stderr, stdout, summary_table
+    import contextlib
 
-    from rlopt.compile import compile_agent
+    from rlopt.compile import compile_agent, compile_recipe
+    from rlopt.compile.cache import StageCache
     from rlopt.errors import UsageError
+    from rlopt.logs import stdout_kept_for_json
+    from rlopt.render import ProgressReporter, parity_failure_table, stage_table, stderr, stdout, summary_table
 
     agent = recipe.suffix.lower() == ".zip"
     if not agent and (vecnormalize is not None or env is not None):
         raise UsageError(f"{recipe}: --vecnormalize / --env go with an agent .zip; fix: put them in the recipe "
                          "(model.vecnormalize, verify.rollout.env)")
-    with ProgressReporter() as reporter:
+    with ProgressReporter() as reporter, (stdout_kept_for_json() if json_out else contextlib.nullcontext()):
         options: dict[str, Any] = {"backends": backend, "tune_trials": tune_trials, "reporter": reporter,
                                    "cache": StageCache(enabled=not no_cache)}
         result = (compile_agent(recipe, output, vecnormalize=vecnormalize, env=env, **options) if agent

@@ -96,4 +96,21 @@ def native_output_to_log(command: str) -> Iterator[NativeLog]:
                 path.unlink()
 
 
-__all__ = ["NativeLog", "log_dir", "native_output_to_log"]
+__all__ = ["NativeLog", "log_dir", "native_output_to_log", "stdout_kept_for_json"]
+
+
+@contextlib.contextmanager
+def stdout_kept_for_json() -> Iterator[None]:
+    """Inside: descriptor 1 writes to descriptor 2, so what a native library prints while a `--json` command works
+    cannot end up in the one JSON document on stdout."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -14,13 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from rlopt.backends import BACKENDS as REGISTERED_BACKENDS
 from rlopt.errors import RecipeError, explain_validation_error, located
+from rlopt.yaml_file import load_yaml_mapping
 from rlopt.manifest import shape_label
 
 BACKENDS: tuple[str, ...] = tuple(REGISTERED_BACKENDS)  # in registry order: the default `backends` list
 DTYPES: tuple[str, ...] = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
 INTEGER_DTYPES: tuple[str, ...] = ("int64", "int32", "uint8")
 NAME_PATTERN = r"^[a-z0-9_-]+$"
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where present: the same documents, faster
 
 Backend = Literal[BACKENDS]  # type: ignore[valid-type]
 DType = Literal["float32", "float16", "float64", "int64", "int32", "uint8", "bool"]
@@ -338,27 +338,6 @@ class Recipe(_Strict):
 
     def sha256(self) -> str:
         return hashlib.sha256(self.resolved_yaml().encode()).hexdigest()
-
-
-def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    """Read a YAML (or JSON) file that must hold a mapping; every failure is one RecipeError line."""
-    if not path.is_file():
-        raise RecipeError(located(path, "", f"{what} not found", "check the path"))
-    try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
-    except UnicodeDecodeError:
-        raise RecipeError(located(path, "", "not UTF-8 text", f"give a YAML {what}")) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(parse)"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RecipeError(located(path, where, f"invalid YAML: {problem}", "fix the syntax there")) from None
-    if not isinstance(document, dict):
-        raise RecipeError(
-            located(path, "(top level)", f"expected a mapping, got {type(document).__name__}",
-                    f"write the {what} as 'key: value' fields")
-        )
-    return document
 
 
 def load_recipe(path: Path | str) -> Recipe:

@@ -70,3 +70,19 @@ def test_cache_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_root() == tmp_path / "home" / ".cache" / "rlopt"
+
+
+JSON_CHILD = """
+import os
+from rlopt.logs import stdout_kept_for_json
+with stdout_kept_for_json():
+    os.write(1, b"TVM printed this\\n")  # a native library writing to stdout while a --json command works
+print('{"passed": true}')
+"""
+
+
+def test_native_stdout_during_a_json_command_goes_to_stderr() -> None:
+    proc = subprocess.run([sys.executable, "-c", JSON_CHILD], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == '{"passed": true}\n' and proc.stderr == "TVM printed this\n"
