@@ -15,7 +15,7 @@ from tests.conftest import write_tiny_recipe
 def _compile(folder: Path, seed: int, extra_kwargs: str = "") -> Path:
     from rlopt.compile import compile_recipe
 
-    recipe = write_tiny_recipe(folder, backends="[torchscript, onnxruntime]")
+    recipe = write_tiny_recipe(folder, backends="[onnxruntime]")
     text = recipe.read_text().replace("seed: 3", f"seed: {seed}")
     if extra_kwargs:
         text = text.replace("n_actions: 5", extra_kwargs)
