@@ -86,7 +86,7 @@ def test_extra_shapes_are_verified_timed_built_and_routed(extra_compiled: Path) 
 
 def test_extra_shape_runs_its_own_library_and_matches_torch(extra_compiled: Path) -> None:
     session = rlopt.load(extra_compiled, "policy", backend="tvm")
-    runner = session._runners["tvm"]
+    runner = session._gen.runners["tvm"]
     assert ((3, 2, 32),) in runner.shape_buckets and ((2, 2, 32),) in runner.shape_buckets
     reference = rlopt.load(extra_compiled, "policy", backend="torchscript")
     x = np.random.default_rng(4).standard_normal((3, 2, 32)).astype(np.float32)

@@ -268,7 +268,7 @@ def test_session_dispatches_by_exact_shape_and_falls_back_to_dynamic(tiny_compil
     import onnxruntime as ort
 
     session = rlopt.load(tiny_compiled, "policy", backend="tvm")
-    runner = session._runners["tvm"]
+    runner = session._gen.runners["tvm"]
     assert sorted(runner.shape_buckets) == [((1, 1, 32),), ((2, 3, 32),), ((4, 6, 32),)]
     reference = ort.InferenceSession(str(tiny_compiled / "policy" / "model.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)

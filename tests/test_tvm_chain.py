@@ -22,7 +22,7 @@ def _vm_outputs(session: rlopt.Session, x: np.ndarray) -> list[np.ndarray]:
     import tvm
     from tvm import relax
 
-    runner = session._runners["tvm"]
+    runner = session._gen.runners["tvm"]
     vm = relax.VirtualMachine(runner._libraries[(x.shape,)], tvm.cpu(0))
     result = vm["main"](tvm.runtime.tensor(x))
     return [t.numpy() for t in flatten_outputs(result)]
@@ -42,7 +42,7 @@ def test_chain_matches_the_vm_call_after_call(tiny_compiled: Path, network: str)
             kept.append((got, got.copy()))
         for got, copy in kept:
             np.testing.assert_array_equal(got, copy)  # a later call never overwrote an earlier result
-    plans = session._runners["tvm"]._local.plans
+    plans = session._gen.runners["tvm"]._local.plans
     assert {key[0][0] for key in plans} == set(SHAPES)
     assert all(isinstance(plan, KernelChain) for plan in plans.values())
 
@@ -55,7 +55,7 @@ def test_large_aligned_inputs_are_read_in_place_and_unaligned_ones_staged(tiny_c
     shape = (4, 6, 32)
     first = rng.standard_normal(shape).astype(np.float32)
     session.run({"input0": first})  # records the chain on the staged copy
-    chain = session._runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)]
+    chain = session._gen.runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)]
     assert isinstance(chain, KernelChain) and chain.replaceable == [True]
     raw = np.empty(np.prod(shape) + 32, dtype=np.float32)
     start = (-raw.ctypes.data % 64) // 4
@@ -142,13 +142,13 @@ def test_a_refused_chain_leaves_the_shape_to_its_vm(tiny_compiled: Path, monkeyp
         np.testing.assert_array_equal(got, _vm_outputs(session, x)[0])
         kept.append((got, got.copy()))
     assert all(np.array_equal(got, copy) for got, copy in kept)
-    assert isinstance(session._runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)], VmCall)
+    assert isinstance(session._gen.runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)], VmCall)
 
 
 def test_the_dynamic_library_is_called_through_the_vm(tiny_compiled: Path) -> None:
     """(Shapes without their own build reach it once padding is off: tests/test_tvm_padding.py.)"""
     session = rlopt.load(tiny_compiled, "policy", backend="tvm")
-    runner = session._runners["tvm"]
+    runner = session._gen.runners["tvm"]
     runner.infer_dynamic({"input0": np.ones((3, 2, 32), np.float32)})
     runner.infer_dynamic({"input0": np.ones((2, 3, 32), np.float32)})
     assert len(runner._local.dynamic_plans) == 2
@@ -160,7 +160,7 @@ def test_after_its_first_call_a_signature_runs_as_one_bound_function_per_thread(
     key = (((2, 3, 32), np.dtype(np.float32)),)
     x = np.random.default_rng(15).standard_normal((2, 3, 32)).astype(np.float32)
     first = session.run({"input0": x})["value"]
-    bound = session._local.bound[key]
+    bound = session._gen.local.bound[key]
     assert bound is not None and bound.__name__ == "call"
     np.testing.assert_array_equal(session.run({"input0": x})["value"], first)
     np.testing.assert_array_equal(first, _vm_outputs(session, x)[0])

@@ -77,7 +77,7 @@ def test_a_shape_without_its_own_build_is_padded_into_one_and_matches_torchscrip
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
         kept.append((got, got.copy()))
-        plan = session._runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)]
+        plan = session._gen.runners["tvm"]._local.plans[((shape, np.dtype(np.float32)),)]
         assert isinstance(plan, PaddedCall)
     assert all(np.array_equal(got, copy) for got, copy in kept)
     if network == "policy":
@@ -151,7 +151,7 @@ def test_a_network_that_mixes_rows_fails_the_gate_and_is_never_padded(tmp_path: 
     session = rlopt.load(result.model_dir, "value", backend="tvm")
     x = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
     got = session.run({"x": x})["value"]
-    assert isinstance(session._runners["tvm"]._local.plans[(((3, 8), np.dtype(np.float32)),)], VmCall)
+    assert isinstance(session._gen.runners["tvm"]._local.plans[(((3, 8), np.dtype(np.float32)),)], VmCall)
     module = torch.jit.load(str(result.model_dir / "value" / "model.ts"))
     np.testing.assert_allclose(got, module(torch.from_numpy(x)).detach().numpy(), atol=1e-5, rtol=1e-4)
     assert verify_model_dir(result.model_dir).passed

@@ -105,7 +105,8 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
         for runner in runners.values():
             runner.close()
         raise
-    return Session(runners, routes, fallback, network, record)
+    return Session(runners, routes, fallback, network, record,
+                   reopen=lambda other: load(other, network, backend))
 
 
 __all__ = ["KNOWN_BACKENDS", "load", "open_artifact", "resolve_backend", "usable_backends"]

@@ -54,6 +54,45 @@ ShapeKey = tuple[tuple[int, ...], ...]
 FAST_PATH_ENTRIES = 256
 
 
+class _Generation:
+    """One set of runners with its routes and caches; immutable once published except for its own caches."""
+
+    def __init__(self, runners: dict[str, Runner], routes: dict[ShapeKey, str], fallback: str) -> None:
+        self.runners, self.routes, self.fallback = runners, routes, fallback
+        self.fast: dict[tuple[Any, ...], Any] = {}
+        self.local = threading.local()  # per thread: signature -> the runner's bound call (or None)
+
+    def runner_for(self, shapes: ShapeKey) -> Runner:
+        return self.runners[self.routes.get(shapes, self.fallback)]
+
+    def bind(self, key: tuple[Any, ...], outputs: list[str]) -> None:
+        """Once per thread and signature: the runner's call as one function to the named outputs (TVM)."""
+        if not hasattr(self.local, "bound"):
+            self.local.bound = {}
+        self.local.bound[key] = self.runner_for(tuple(shape for shape, _ in key)).bound_call(key, outputs)
+
+    def close(self) -> None:
+        for runner in self.runners.values():
+            runner.close()
+        self.fast, self.local = {}, threading.local()
+
+
+def compatibility_problem(current: Session, fresh: Session) -> str:
+    """'' when `fresh` serves the same network, inputs and outputs as `current`; else what differs."""
+    if fresh.network != current.network:
+        return f"network '{fresh.network}' is not '{current.network}'"
+    if list(fresh.inputs) != list(current.inputs):
+        return f"inputs {list(fresh.inputs)} are not {list(current.inputs)}"
+    for name, profile in current.inputs.items():
+        other = fresh.inputs[name]
+        for field in ("dtype", "min", "opt", "max"):
+            if getattr(other, field) != getattr(profile, field):
+                return f"input '{name}' {field} {getattr(other, field)} is not {getattr(profile, field)}"
+    if fresh.outputs != current.outputs:
+        return f"outputs {fresh.outputs} are not {current.outputs}"
+    return ""
+
+
 class Session:
     """A loaded network. `run` checks inputs first, so a bad shape never reaches a backend.
 
@@ -63,27 +102,34 @@ class Session:
     """
 
     def __init__(self, runners: dict[str, Runner], routes: dict[ShapeKey, str], fallback: str, network: str,
-                 record: NetworkRecord) -> None:
-        self._runners = runners
-        self._routes = routes
-        self._fallback = fallback
+                 record: NetworkRecord, reopen: Callable[[Any], Session] | None = None) -> None:
         self.network = network
         self.inputs: dict[str, InputProfile] = dict(record.inputs)
         self.outputs: list[str] = list(record.outputs)
         self._names = list(record.inputs)
+        self._record = record
+        self._reopen = reopen
+        self._reload_lock = threading.Lock()
+        self._retired: list[_Generation] = []
+        self._gen = _Generation(runners, routes, fallback)  # all routing state; `run` reads it once per call
+
+    @property
+    def backend(self) -> str:
+        """The backend for the opt shape."""
+        gen = self._gen
         opt = tuple(tuple(p.opt) for p in self.inputs.values())
-        self.backend = routes.get(opt, fallback)
-        self._fast: dict[tuple[Any, ...], Any] = {}
-        self._local = threading.local()  # per thread: signature -> the runner's bound call (or None)
+        return gen.routes.get(opt, gen.fallback)
 
     @property
     def routes(self) -> dict[str, str]:
         """Backend per profile shape ('2x8x768' style keys) and for every other shape ('other')."""
-        table = {shape_label(key): name for key, name in self._routes.items()}
-        return table | {"other": self._fallback}
+        gen = self._gen
+        table = {shape_label(key): name for key, name in gen.routes.items()}
+        return table | {"other": gen.fallback}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        bound = getattr(self._local, "bound", None)
+        gen = self._gen  # one load: a reload between here and the return does not touch this call
+        bound = getattr(gen.local, "bound", None)
         try:
             arrays = [feeds[name] for name in self._names]
             key = tuple([(a.shape, a.dtype) for a in arrays if type(a) is np.ndarray and a.flags.c_contiguous])
@@ -91,7 +137,7 @@ class Session:
                 direct = bound.get(key) if bound is not None else None
                 if direct is not None:
                     return direct(arrays)  # type: ignore[no-any-return]
-                call = self._fast.get(key)
+                call = gen.fast.get(key)
             else:
                 call = None
         except (KeyError, TypeError):
@@ -100,32 +146,50 @@ class Session:
             checked = check_feeds(feeds, self.inputs)
             arrays = [checked[name] for name in self._names]
             key = tuple([(a.shape, a.dtype) for a in arrays])
-            call = self._ordered_call(self._runner_for(tuple(a.shape for a in arrays)))
-            if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(self._fast) < FAST_PATH_ENTRIES:
-                self._fast[key] = call
+            call = gen.runner_for(tuple(a.shape for a in arrays)).infer_ordered
+            if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(gen.fast) < FAST_PATH_ENTRIES:
+                gen.fast[key] = call
         outputs = dict(zip(self.outputs, call(arrays, key)))
-        if key in self._fast and (bound is None or key not in bound):
-            self._bind(key)
+        if key in gen.fast and (bound is None or key not in bound):
+            gen.bind(key, self.outputs)
         return outputs
 
-    def _bind(self, key: tuple[Any, ...]) -> None:
-        """Once per thread and signature, after its first call: the runner's call for it as one function to the
-        named outputs, when the runner has one (TVM's KernelChain)."""
-        if not hasattr(self._local, "bound"):
-            self._local.bound = {}
-        self._local.bound[key] = self._runner_for(tuple(shape for shape, _ in key)).bound_call(key, self.outputs)
+    def reload(self, other_model_dir: Any) -> None:
+        """Switch to another MODEL_DIR's weights (same network, inputs and outputs; else a ValueError).
 
-    def _runner_for(self, shapes: ShapeKey) -> Runner:
-        return self._runners[self._routes.get(shapes, self._fallback)]
-
-    def _ordered_call(self, runner: Runner) -> Callable[[list[np.ndarray], tuple[Any, ...]], list[np.ndarray]]:
-        """The runner's call on inputs in input order and their ((shape, dtype), ...) signature."""
-        return runner.infer_ordered
+        The new runners are opened and warmed (one call per profile shape) before one attribute store swaps
+        them in. Calls already running finish on the old generation; the old runners are closed on the next
+        reload or on `close` (so a call in flight when `reload` returns has a full reload period to finish).
+        """
+        if self._reopen is None:
+            raise ValueError("this Session cannot reload: it was not made by rlopt.load")
+        with self._reload_lock:
+            fresh = self._reopen(other_model_dir)
+            try:
+                difference = compatibility_problem(self, fresh)
+                if difference:
+                    raise ValueError(f"cannot reload {other_model_dir}: {difference}")
+                gen = fresh._gen
+                for profile_shapes in {tuple(tuple(getattr(p, k)) for p in self.inputs.values())
+                                       for k in ("min", "opt", "max")}:
+                    feeds = {n: np.zeros(s, dtype=self.inputs[n].dtype) for n, s in zip(self._names, profile_shapes)}
+                    arrays = [feeds[n] for n in self._names]
+                    key = tuple([(a.shape, a.dtype) for a in arrays])
+                    gen.runner_for(profile_shapes).infer_ordered(arrays, key)
+            except BaseException:
+                fresh.close()
+                raise
+            for old in self._retired:
+                old.close()
+            self._retired = [self._gen]
+            self._gen = gen
+            self._record = fresh._record
 
     def close(self) -> None:
-        for runner in self._runners.values():
-            runner.close()
-        self._fast, self._local = {}, threading.local()
+        with self._reload_lock:
+            for gen in [*self._retired, self._gen]:
+                gen.close()
+            self._retired = []
 
     def __enter__(self) -> Session:
         return self
@@ -137,4 +201,4 @@ class Session:
         return f"Session(network={self.network!r}, backend={self.backend!r})"
 
 
-__all__ = ["FAST_PATH_ENTRIES", "Session", "ShapeKey", "check_feeds"]
+__all__ = ["FAST_PATH_ENTRIES", "Session", "ShapeKey", "check_feeds", "compatibility_problem"]
