@@ -60,7 +60,7 @@ def flatten_outputs(value: Any) -> list[Any]:
 class Backend:
     """Everything rlopt knows about one backend, importable without the backend's own library.
 
-    `runner` and `build` are "module:attribute" paths, imported only when used. `facts` is the typed
+    `runner` is a "module:attribute" path, imported only when used; `stages` list the build's Stage classes. `facts` is the typed
     view of what its build records (an ArtifactFacts subclass); `unavailable` and `threads` take it.
     `unavailable` returns None when the backend's artifacts can run here, else one line saying why not.
     `threads` says how many threads the backend computes with, from the facts its build recorded.
@@ -71,7 +71,6 @@ class Backend:
     name: str
     module: str
     runner: str
-    build: str
     unavailable: Callable[[Any], str | None]
     threads: Callable[[Any], int | str]
     triton_platform: tuple[str, str] | None = None
@@ -81,9 +80,6 @@ class Backend:
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]
-
-    def build_function(self) -> Callable[..., Any]:
-        return _load(self.build)  # type: ignore[no-any-return]
 
 
 def _load(path: str) -> Any:

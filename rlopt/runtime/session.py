@@ -107,7 +107,6 @@ class Session:
         self.inputs: dict[str, InputProfile] = dict(record.inputs)
         self.outputs: list[str] = list(record.outputs)
         self._names = list(record.inputs)
-        self._record = record
         self._reopen = reopen
         self._reload_lock = threading.Lock()
         self._retired: list[_Generation] = []
@@ -173,9 +172,7 @@ class Session:
                 for profile_shapes in {tuple(tuple(getattr(p, k)) for p in self.inputs.values())
                                        for k in ("min", "opt", "max")}:
                     feeds = {n: np.zeros(s, dtype=self.inputs[n].dtype) for n, s in zip(self._names, profile_shapes)}
-                    arrays = [feeds[n] for n in self._names]
-                    key = tuple([(a.shape, a.dtype) for a in arrays])
-                    gen.runner_for(profile_shapes).infer_ordered(arrays, key)
+                    gen.runner_for(profile_shapes).warm_up(feeds)
             except BaseException:
                 fresh.close()
                 raise
@@ -183,7 +180,6 @@ class Session:
                 old.close()
             self._retired = [self._gen]
             self._gen = gen
-            self._record = fresh._record
 
     def close(self) -> None:
         with self._reload_lock:

@@ -24,7 +24,6 @@ def _threads(facts: OnnxRuntimeFacts) -> int | str:
 BACKEND = Backend(
     name="onnxruntime", module="onnxruntime",
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
-    build="rlopt.backends.onnxruntime.build:check_onnxruntime",
     unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts,
     triton_platform=("onnxruntime_onnx", "model.onnx"),
     stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",))

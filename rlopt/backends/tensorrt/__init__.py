@@ -14,7 +14,6 @@ def _unavailable(facts: TensorRTFacts) -> str | None:
 BACKEND = Backend(
     name="tensorrt", module="tensorrt",
     runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
-    build="rlopt.backends.tensorrt.build:build_engine",
     unavailable=_unavailable, threads=lambda facts: "GPU", facts=TensorRTFacts,
     triton_platform=("tensorrt_plan", "model.plan"), native=True,
     stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",))

@@ -15,7 +15,6 @@ def _threads(facts: TorchScriptFacts) -> int | str:
 BACKEND = Backend(
     name="torchscript", module="torch",
     runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
-    build="rlopt.backends.torchscript.build:build_torchscript",
     unavailable=lambda facts: module_missing("torch"), threads=_threads, facts=TorchScriptFacts,
     triton_platform=("pytorch_libtorch", "model.pt"),
     stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",))

@@ -32,6 +32,5 @@ def _threads(facts: TvmFacts) -> int | str:
 BACKEND = Backend(
     name="tvm", module="tvm",
     runner="rlopt.backends.tvm.runner:TvmRunner",
-    build="rlopt.backends.tvm.build:build_tvm",
     unavailable=_unavailable, threads=_threads, facts=TvmFacts, native=True,
     stages=("rlopt.backends.tvm.stages:TvmCudaBuild", "rlopt.backends.tvm.stages:TvmBuild"))
