@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -57,6 +58,28 @@ def flatten_outputs(value: Any) -> list[Any]:
 
 
 @dataclass(frozen=True)
+class RefitInputs:
+    """What a backend's refit hook gets: a copy of the old network folder to rewrite in place.
+
+    `network_dir` is the new MODEL_DIR's folder for this network (every old file already copied there);
+    `artifact` is the backend's artifact path relative to it; `facts` its typed facts from the old manifest.
+    `onnx_path` is the exported graph with the new weights (same graph, initializers replaced) and
+    `padded_onnx_path` its pad_gemm copy when the network was padded (else None); `state` is the new
+    state_dict as numpy arrays, keyed as the model's own `state_dict()`.
+    """
+
+    network_dir: Path
+    artifact: str
+    facts: ArtifactFacts
+    onnx_path: Path
+    padded_onnx_path: Path | None
+    state: dict[str, np.ndarray]
+
+
+RefitHook = Callable[[RefitInputs], dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Backend:
     """Everything rlopt knows about one backend, importable without the backend's own library.
 
@@ -66,6 +89,9 @@ class Backend:
     `threads` says how many threads the backend computes with, from the facts its build recorded.
     `stages` are the "module:Class" paths of its compile stages (rlopt.compile.stage.Stage), run in
     order after the front end; the artifact is the last applicable one's.
+    `refit` is the "module:function" path of its RefitHook: it rewrites the artifact's weights in
+    `RefitInputs.network_dir` without recompiling and returns the facts to record (the old ones, updated);
+    None means this backend's artifacts cannot be refitted and `rlopt refit` refuses them.
     """
 
     name: str
@@ -77,9 +103,13 @@ class Backend:
     native: bool = False
     facts: type[ArtifactFacts] = ArtifactFacts
     stages: tuple[str, ...] = ()
+    refit: str | None = None
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]
+
+    def refit_hook(self) -> RefitHook | None:
+        return _load(self.refit) if self.refit else None
 
 
 def _load(path: str) -> Any:
