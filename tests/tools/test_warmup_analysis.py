@@ -7,11 +7,12 @@ and latencies (seconds). The rule must find a real cold start and must not be fo
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rlopt.tools.warmup.analysis import MIN_WINDOWS, steady_index, windows
+from rlopt.tools.warmup.analysis import MAX_WINDOWS, MIN_WINDOWS, cold_windows, steady_index, windows
 
 BASE_S = 1e-3
 
@@ -141,3 +142,54 @@ def test_host_load_that_comes_and_goes_is_noise_not_a_trend() -> None:
     latencies *= rng.uniform(0.85, 1.15, 121)[starts.astype(int)]
     latencies[starts >= 90] *= 0.88
     assert steady_at(starts, latencies) < 10.0
+
+
+def test_a_long_run_gets_wider_windows() -> None:
+    starts, latencies = trace(duration_s=1800, rate=20)
+    assert MAX_WINDOWS - 2 <= len(windows(latencies, starts)) <= MAX_WINDOWS
+
+
+def test_a_slow_stretch_that_the_run_matches_later_is_not_a_cold_start() -> None:
+    """Window medians: a slow spell after fast windows, a slow start, and the same slow spell again mid-run."""
+    early = np.ones(40)
+    early[3:5] = 2.0
+    assert cold_windows(early, band=1.2) == 0  # mostly fast up to the spell: host noise, not a cold start
+    early[:5] = 2.0
+    assert cold_windows(early, band=1.2) == 5
+    early[25:30] = 2.0
+    assert cold_windows(early, band=1.2) == 0  # the run is that slow again later on
+
+
+# ---------------------------------------------------------------------------------------------------- recorded
+
+TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "warmup-default-recipe-tvm.npz"
+
+
+def recorded(label: str) -> tuple[np.ndarray, np.ndarray]:
+    """A shape's requests from a 120 s `rlopt warmup` of the default recipe (chatbot profile, 4 threads, TVM, 2
+    cores shared with other work), thinned (every 24th batch-1 request, every 3rd 8x16x768 one): start times
+    (s since load) and latencies (s). Load took 3.1 s; a host burst slowed every shape at 14-17 s and 52-57 s."""
+    with np.load(TRACE) as data:
+        return data[f"{label}:starts_s"].astype(np.float64), data[f"{label}:latency_us"].astype(np.float64) * 1e-6
+
+
+@pytest.mark.parametrize("label", ["1x1x768", "8x16x768"])
+def test_recorded_run_without_a_cold_start_is_steady_from_its_first_second(label: str) -> None:
+    """The burst at 14-17 s made the previous rule say "steady at 18 s" for 8x16x768: the run is as slow again
+    at 52-57 s, so it is noise."""
+    starts, latencies = recorded(label)
+    assert steady_at(starts, latencies) < starts[0] + 1.0
+
+
+@pytest.mark.parametrize("label", ["1x1x768", "8x16x768"])
+def test_recorded_run_with_a_cold_start_reports_it(label: str) -> None:
+    """The same recorded noise with a cold start laid over its first 8 s (5x at first, decaying): it ends where the
+    slowdown sinks into the run's own noise (batch 1's window medians vary by +-40% here)."""
+    starts, latencies = recorded(label)
+    since = starts - starts[0]
+    cold = since < 8
+    latencies[cold] *= 1 + 4 * (1 - since[cold] / 8) ** 2
+    index, _, note = steady_index(latencies, starts)
+    assert index is not None, note
+    assert 3.0 <= since[index] <= 8.0, since[index]
+    assert np.median(latencies[:index]) > 1.5 * np.median(latencies[index:])

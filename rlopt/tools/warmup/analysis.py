@@ -2,7 +2,9 @@
 
 Steady state is read from per-window medians, never from a tail percentile: a window's median does not
 move when the host hiccups for a few calls, a p99 does (the old p99 rule reported "steady at 62 s" for
-a run steady from its first second, because of one noisy second at 60 s).
+a run steady from its first second, because of one noisy second at 60 s). A slow stretch at the start
+counts as a cold start only if no stretch as long later in the run is as slow: a host burst a few
+seconds in (it slows every shape at once) looks like the bursts later in the same run.
 """
 
 from __future__ import annotations
@@ -31,25 +33,26 @@ WINDOW_S = 1.0  # time windows of about a second ...
 MIN_WINDOW_REQUESTS = 20  # ... widened so that they hold this many requests on average
 MERGE_BELOW = 5  # a window with fewer requests (a stall, a rare shape) joins the next one
 MIN_WINDOWS = 8  # fewer time windows than this (a short run): windows by count instead
+MAX_WINDOWS = 600  # a longer run gets wider windows (the cold-start test compares every stretch with every later one)
 COUNT_WINDOWS = 50  # windows by count: this many, of at least MERGE_BELOW requests each
 BAND_K = 3.0  # the band: steady level + BAND_K * max(spread, BAND_FLOOR * level)
 BAND_FLOOR = 0.05  # so a band is never narrower than +15 % of the level, however quiet the run
-OUTLIER_SHARE = 0.20  # from steady state on, out-of-band windows stay below this share of every stretch
 DRIFT_TOLERANCE = 0.10  # last quarter's level vs the quarter before: more apart than this and 3 x the noise = moving
 FINAL_WINDOW_SHARE = 0.20  # the SLO's basis when steady state is not reached: the last 20 % of requests
 MIN_FINAL_WINDOW = 20
 STEADY_DEFINITION = (
     "per shape, over its requests under load in start order, split into windows of ~1 s (at least 20 requests "
-    "on average; by count, 50 windows, when the run is shorter than 8 windows), each summarised by its median. "
-    "Steady level = median of the last half's window medians; spread = 1.4826 x their median absolute deviation; "
+    "on average, at most 600 windows; by count, 50 windows, when the run is shorter than 8 windows), each "
+    "summarised by its median. Steady level = median of the last half's window medians; spread = 1.4826 x their median absolute deviation; "
     "band = level + 3 x max(spread, 5% of level). Not steady if the median of the last quarter's window medians "
     "differs from the quarter before by more than 10% and by more than 3 x the window-to-window noise (1.4826 x "
     "the median absolute successive difference / sqrt 2): latency still moving at the end, beyond the run's own "
-    "noise; run longer. Otherwise "
-    "steady state begins at the first in-band window w from which every stretch of windows w..v has fewer than "
-    "20% of its windows above the band (a cold start is the slow stretch at the start; an isolated slow window "
-    "later is host noise; faster is never cold). The mix is steady when every shape is. Times are seconds since "
-    "rlopt.load began."
+    "noise; run longer. Otherwise steady state begins where the cold start ends, at the first request if there is "
+    "none. The cold start grows from the first window: each window above the band in the first half, in order, "
+    "extends it to itself when the windows from its current end through that window have a median of medians above "
+    "the band and higher than that of every stretch of as many consecutive windows later in the run (a slow spell "
+    "that the run matches later is host noise, not a cold start; faster is never cold). The mix is steady when "
+    "every shape is. Times are seconds since rlopt.load began."
 )
 
 
@@ -64,7 +67,7 @@ def windows(latencies_s: np.ndarray, starts_s: np.ndarray | None = None) -> list
         return []
     if starts_s is not None and starts_s.size == n:
         span = float(starts_s[-1] - starts_s[0])
-        width = max(WINDOW_S, span * MIN_WINDOW_REQUESTS / n)
+        width = max(WINDOW_S, span * MIN_WINDOW_REQUESTS / n, span / MAX_WINDOWS)
         if span / width >= MIN_WINDOWS:
             bins = np.floor((starts_s - starts_s[0]) / width).astype(np.int64)
             edges = [0, *(np.flatnonzero(np.diff(bins)) + 1).tolist(), n]
@@ -114,14 +117,25 @@ def steady_index(latencies_s: np.ndarray, starts_s: np.ndarray | None = None
                                  f"{final * 1e3:.3g} ms over the last half of the run); run longer")
     spread = 1.4826 * float(np.median(np.abs(last_half - level)))
     band = level + BAND_K * max(spread, BAND_FLOOR * level)
-    out = medians > band
-    # score[w] = (out-of-band windows before w) - weight * (in-band windows before w); the latest in-band w with the
-    # highest score is where every later stretch w..v has fewer than OUTLIER_SHARE of its windows out of band
-    weight = OUTLIER_SHARE / (1 - OUTLIER_SHARE)
-    score = np.concatenate([[0.0], np.cumsum(np.where(out, 1.0, -weight))])[:m]
-    candidates = np.flatnonzero(~out)
-    best = candidates[score[candidates] >= score[candidates].max() - 1e-9][-1]
-    return ranges[int(best)][0], final_p99, ""
+    return ranges[cold_windows(medians, band)][0], final_p99, ""
+
+
+def cold_windows(medians: np.ndarray, band: float) -> int:
+    """How many windows at the start are a cold start (0: none); see STEADY_DEFINITION.
+
+    The run's own later slow spells are the yardstick: a slow stretch counts as cold only if nothing as long after it
+    is as slow. Each out-of-band window of the first half, in order, extends the cold start when the windows from
+    the cold start's current end through it are, by the median of their medians, above the band and slower than
+    every stretch as long after them; so a host burst a few seconds after a cold start does not lengthen it.
+    """
+    end = 0
+    for w in np.flatnonzero(medians[:medians.size // 2] > band):
+        segment = medians[end:w + 1]
+        level = float(np.median(segment))
+        later = np.lib.stride_tricks.sliding_window_view(medians[w + 1:], segment.size)
+        if level > band and level > float(np.median(later, axis=1).max()):
+            end = int(w) + 1
+    return end
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -277,4 +291,4 @@ def analyse(model_dir: Path, profile_path: Path, profile: WarmupProfile, backend
 
 
 __all__ = ["STEADY_DEFINITION", "LoadRecord", "Timeline", "WarmupResult", "analyse", "consistency",
-           "max_abs_difference", "steady_index", "summary", "windows"]
+           "cold_windows", "max_abs_difference", "steady_index", "summary", "windows"]
