@@ -1,7 +1,9 @@
 """The bench worker process: opens one candidate and serves timed blocks of calls to the parent (see driver).
 
 A fresh interpreter (`python -c WORKER_CODE`), started by `driver.Worker`; it talks to the parent over
-one pipe, one request at a time, and dies with the parent (PR_SET_PDEATHSIG).
+one pipe, one request at a time, and dies with the parent (PR_SET_PDEATHSIG). For a recurrent network
+(`state` pairs in reference.npz) the worker is one simulated actor per shape: after every call, timed or
+not, the output state is copied into the input state the candidate's call reads (untimed).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from rlopt.backends.base import flatten_outputs
 from rlopt.errors import RloptError, describe_exception
 from rlopt.manifest import read_manifest
 from rlopt.reference import Reference
@@ -80,14 +83,39 @@ def _worker_main(conn: Connection, spec: CandidateSpec) -> None:
         reference = load_reference(model_dir, record)
         ready = {"pid": os.getpid(), "threads": opened.threads, "backend": opened.backend, "source": opened.source}
         if send(conn, ("ready", ready)):
-            _serve(conn, opened, reference, list(record.inputs))
+            _serve(conn, opened, reference, list(record.inputs), record.outputs)
     finally:
         opened.close()
 
 
-def _serve(conn: Connection, opened: OpenCandidate, reference: Reference, input_names: list[str]) -> None:
+def state_feedback(feeds: dict[str, np.ndarray], state: dict[str, str], output_names: list[str]
+                   ) -> Callable[[object], None]:
+    """What a call returned (a dict by output name, or the outputs in order: a list, a tuple, one tensor) -> its
+    output state copied into `feeds`, the arrays the candidate's call reads (torch tensors share their memory)."""
+    position = {name: i for i, name in enumerate(output_names)}
+
+    def feed_back(result: object) -> None:
+        if isinstance(result, dict):
+            named = result
+        else:
+            flat = flatten_outputs(result)
+            if len(flat) != len(output_names):
+                raise ValueError(f"the call returned {len(flat)} outputs, the network has {len(output_names)}: "
+                                 "its recurrent state cannot be fed back")
+            named = {name: flat[position[name]] for name in state.values()}
+        for state_input, state_output in state.items():
+            value = named[state_output]
+            np.copyto(feeds[state_input], np.asarray(value.detach() if hasattr(value, "detach") else value),
+                      casting="same_kind")
+
+    return feed_back
+
+
+def _serve(conn: Connection, opened: OpenCandidate, reference: Reference, input_names: list[str],
+           output_names: list[str]) -> None:
     clock = time.perf_counter_ns
     call: Call | None = None
+    feed_back: Callable[[object], None] | None = None
     while True:
         try:
             request = conn.recv()  # between requests the parent also freezes this process (see Worker)
@@ -98,23 +126,36 @@ def _serve(conn: Connection, opened: OpenCandidate, reference: Reference, input_
                 return
             if request[0] == "shape":
                 _, point, count_flops = request
-                feeds = reference.feeds(point, 0)
+                feeds = {name: np.array(value) for name, value in reference.feeds(point, 0).items()}  # own copies
                 gflop = (count_gflop(opened.flop_module, input_names, feeds)
                          if count_flops and opened.flop_module is not None else None)
                 call = opened.prepare(feeds)
+                feed_back = state_feedback(feeds, reference.state, output_names) if reference.state else None
                 start = time.perf_counter()
-                call()
+                result = call()
                 first_ms = (time.perf_counter() - start) * 1e3
                 for _ in range(WARMUP_CALLS - 1):
-                    call()
+                    if feed_back is not None:
+                        feed_back(result)
+                    result = call()
+                if feed_back is not None:
+                    feed_back(result)
                 reply: tuple[Any, ...] = ("warm", first_ms, gflop, sorted(usable_core_ids()))
             elif request[0] == "block" and call is not None:
                 samples = np.empty(int(request[1]), dtype=np.int64)
-                call()  # untimed: absorbs the wake-up (SIGCONT, pipe read) of this process and its thread pools
-                for k in range(samples.size):
-                    start_ns = clock()
-                    call()
-                    samples[k] = clock() - start_ns
+                result = call()  # untimed: absorbs the wake-up (SIGCONT, pipe read) of this process and its pools
+                if feed_back is None:
+                    for k in range(samples.size):
+                        start_ns = clock()
+                        call()
+                        samples[k] = clock() - start_ns
+                else:
+                    feed_back(result)
+                    for k in range(samples.size):
+                        start_ns = clock()
+                        result = call()
+                        samples[k] = clock() - start_ns
+                        feed_back(result)
                 reply = ("block", samples)
             else:
                 raise ValueError(f"unexpected request {request[0]!r}")
@@ -133,4 +174,4 @@ def send(conn: Connection, message: tuple[Any, ...]) -> bool:
     return True
 
 
-__all__ = ["BLOCK_CALLS", "WARMUP_CALLS", "WORKER_CODE", "send", "worker_entry"]
+__all__ = ["BLOCK_CALLS", "WARMUP_CALLS", "WORKER_CODE", "send", "state_feedback", "worker_entry"]

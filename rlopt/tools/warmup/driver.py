@@ -9,7 +9,9 @@ includes loading and the first calls: the whole cold start a serving process see
 4. Load: N threads share the one Session (as a serving process does) and send the profile's
    weighted mix until the duration ends or Ctrl-C. Each thread first re-runs a probe, then one
    every PROBE_EVERY requests; a probe's outputs must equal the single-threaded ones within the
-   network's atol, else the run fails ("policy consistency under load").
+   network's atol, else the run fails ("policy consistency under load"). A recurrent network's
+   `state` pairs (reference.npz) make each thread and request shape one simulated actor: it starts
+   from a zero state and feeds each call's output state back as its next input state.
 5. Steady state, per shape (`analysis.STEADY_DEFINITION`), percentiles before and after it, SLO check,
    report JSON and a latency-over-time PNG in MODEL_DIR/reports/ (`report`, atomic writes).
 """
@@ -55,14 +57,19 @@ class Probe:
 
 
 class LoadThread:
-    """One load thread: its own request order, its own timing arrays (no locks on the hot path)."""
+    """One load thread: its own request order, its own timing arrays (no locks on the hot path).
+
+    With recurrent `state` (input -> output), the thread keeps its own copy of every request's inputs, state
+    zeroed, and copies each call's output state into it after the timed call.
+    """
 
     def __init__(self, index: int, session: Any, requests: list[dict[str, np.ndarray]], shares: np.ndarray,
                  probes: list[Probe], output_names: list[str], atol: float, t0: float, seed: int,
-                 barrier: threading.Barrier, stop: threading.Event) -> None:
+                 barrier: threading.Barrier, stop: threading.Event, state: dict[str, str] | None = None) -> None:
         self.index = index
         self._session = session
-        self._requests = requests
+        self._state = list((state or {}).items())
+        self._requests = [actor_inputs(r, state or {}) for r in requests] if self._state else requests
         self._order = np.random.default_rng(seed + 1 + index).choice(len(requests), size=1 << 14, p=shares)
         self._probes = probes
         self._outputs = output_names
@@ -104,19 +111,27 @@ class LoadThread:
                 if n and n % PROBE_EVERY == 0:
                     self.probe()
                 shape_id = int(order[n % len(order)])
+                feeds = self._requests[shape_id]
                 start = clock()
-                self._session.run(self._requests[shape_id])
+                outputs = self._session.run(feeds)
                 end = clock()
                 self.starts.append(start - t0)
                 self.latencies.append(end - start)
                 self.shape_ids.append(shape_id)
                 n += 1
+                for state_input, state_output in self._state:
+                    np.copyto(feeds[state_input], outputs[state_output], casting="same_kind")
         except Exception as exc:  # noqa: BLE001 -- a backend failing under load is a finding to report, whatever its type
             text = str(exc).strip().splitlines()
             self.error = f"thread {self.index}: {type(exc).__name__}: {text[0] if text else ''}"
             self._stop.set()
         finally:
             self.affinity = usable_core_ids()
+
+
+def actor_inputs(request: dict[str, np.ndarray], state: dict[str, str]) -> dict[str, np.ndarray]:
+    """One simulated actor's inputs: its own arrays (the caller feeds state back into them), state zeroed."""
+    return {name: np.zeros_like(value) if name in state else value.copy() for name, value in request.items()}
 
 
 def _threads_facts(backend: str, record: NetworkRecord) -> dict[str, Any]:
@@ -133,9 +148,8 @@ def _threads_facts(backend: str, record: NetworkRecord) -> dict[str, Any]:
     return threads
 
 
-def _probes(model_dir: Path, record: NetworkRecord) -> list[Probe]:
-    """Sample 0 of every recorded profile point (min, opt, max) of reference.npz, after its sha256 check."""
-    reference = Reference.load(checked_file(model_dir, record.reference), list(record.inputs), record.outputs)
+def _probes(reference: Reference) -> list[Probe]:
+    """Sample 0 of every recorded profile point (min, opt, max) of reference.npz."""
     return [Probe(f"{point} {label_of(reference.shape(point))}", reference.feeds(point, 0))
             for point in reference.points if reference.samples(point) > 0]
 
@@ -209,7 +223,8 @@ def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: f
         raise UsageError(f"--concurrency {concurrency}: must be >= 1; fix: e.g. --concurrency 4")
     record = manifest.networks[profile.network]
     atol = float(record.tolerance["atol"])
-    probes = _probes(model_dir, record)
+    reference = Reference.load(checked_file(model_dir, record.reference), list(record.inputs), record.outputs)
+    probes = _probes(reference)
     shapes, inputs, shares = _request_inputs(profile, record, seed)
     labels = [label_of(s) for s in shapes]
 
@@ -241,8 +256,8 @@ def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: f
 
         stop = threading.Event()
         barrier = threading.Barrier(threads + 1)
-        workers = [LoadThread(i, session, inputs, shares, probes, record.outputs, atol, t0, seed, barrier, stop)
-                   for i in range(threads)]
+        workers = [LoadThread(i, session, inputs, shares, probes, record.outputs, atol, t0, seed, barrier, stop,
+                              reference.state) for i in range(threads)]
         pool = [threading.Thread(target=w.run, name=f"rlopt-warmup-{i}", daemon=True) for i, w in enumerate(workers)]
         for thread in pool:
             thread.start()
@@ -286,4 +301,4 @@ def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: f
     return result
 
 
-__all__ = ["LIVE_WINDOW_S", "PROBE_EVERY", "LoadThread", "Probe", "label_of", "run_warmup"]
+__all__ = ["LIVE_WINDOW_S", "PROBE_EVERY", "LoadThread", "Probe", "actor_inputs", "label_of", "run_warmup"]
