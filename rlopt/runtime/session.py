@@ -98,7 +98,9 @@ class Session:
 
     Each (shape, dtype) combination is checked in full the first time it is seen and then remembered
     with the backend call that serves it, so a steady stream of requests costs one dict lookup.
-    `backend` is the backend for the opt shape; `routes` says which backend serves which shape.
+    `backend` is the backend for the opt shape; `routes` says which backend serves which shape. `inputs` is the
+    network's inputs as in the manifest (name -> dtype, min, opt, max, and `range` for an integer input), in the
+    order `run` takes them; `outputs` the output names in order.
     """
 
     def __init__(self, runners: dict[str, Runner], routes: dict[ShapeKey, str], fallback: str, network: str,
