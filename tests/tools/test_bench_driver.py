@@ -27,6 +27,7 @@ from rlopt.tools.bench import (
     time_interleaved,
 )
 from tests.tools.common import (
+    CORES,
     ORT_BASELINES,
     children_of,
     needs_proc,
@@ -88,6 +89,7 @@ def test_a_runner_that_dies_mid_rounds_is_dropped_and_the_others_go_on() -> None
 # Worker processes: isolation, a crashing or failing candidate, cleanup. The factories below run in the workers.
 
 TINY_OPT, TINY_MAX = (2, 3, 32), (4, 6, 32)  # conftest's tiny recipe
+ORT_ONLY_WORKERS = 4 + (CORES > 1)  # rlopt onnxruntime and auto, the TorchScript module, ONNX Runtime per thread count
 
 
 def crash_in_first_block_at_opt(spec: CandidateSpec) -> OpenCandidate:
@@ -127,16 +129,16 @@ def factory(model_dir: Path, name: str, function: str) -> CandidateSpec:
 
 
 @needs_proc
-def test_each_candidate_runs_in_its_own_process_and_a_crash_is_a_skip(tiny_compiled: Path) -> None:
-    extra = [factory(tiny_compiled, "crasher", "crash_in_first_block_at_opt"),
-             factory(tiny_compiled, "raiser", "raise_at_max"), factory(tiny_compiled, "absent", "unavailable_here")]
-    report = run_bench(tiny_compiled, "value", budget_s=0.05, torch_compile=False, extra_candidates=extra)
+def test_each_candidate_runs_in_its_own_process_and_a_crash_is_a_skip(ort_compiled: Path) -> None:
+    extra = [factory(ort_compiled, "crasher", "crash_in_first_block_at_opt"),
+             factory(ort_compiled, "raiser", "raise_at_max"), factory(ort_compiled, "absent", "unavailable_here")]
+    report = run_bench(ort_compiled, "value", budget_s=0.05, torch_compile=False, extra_candidates=extra)
     [network] = report.networks
     skipped = {s.candidate: s.reason for s in network.skipped}
     assert skipped["absent"] == "needs hardware this machine lacks (test)"
     assert skipped["crasher"] == f"failed at opt {{'input0': {list(TINY_OPT)}}}: worker exited with code 3"
     assert skipped["raiser"] == f"failed at max {{'input0': {list(TINY_MAX)}}}: RuntimeError: boom at max"
-    real = runnable_backends(tiny_compiled, "value") | {"rlopt auto", "torchscript module"} | ORT_BASELINES
+    real = runnable_backends(ort_compiled, "value") | {"rlopt auto", "torchscript module"} | ORT_BASELINES
     rows = {s.point: {r.candidate for r in s.results} for s in network.shapes}
     assert rows == {"min": real | {"crasher", "raiser"}, "opt": real | {"raiser"}, "max": real}
     assert set(network.candidates) == real  # what was still running at the end
@@ -185,11 +187,11 @@ def _wait_gone(pids: set[int], timeout_s: float = 30) -> list[int]:
 
 
 @needs_proc
-def test_ctrl_c_leaves_no_worker_behind(tiny_compiled: Path) -> None:
-    proc = _start_bench(tiny_compiled)
+def test_ctrl_c_leaves_no_worker_behind(ort_compiled: Path) -> None:
+    proc = _start_bench(ort_compiled)
     workers: set[int] = set()
     try:
-        workers = _watch_children(proc, at_least=6)
+        workers = _watch_children(proc, at_least=ORT_ONLY_WORKERS)
         time.sleep(1.0)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         _, stderr = proc.communicate(timeout=60)  # the workers share its stderr: this also waits for them
@@ -200,11 +202,11 @@ def test_ctrl_c_leaves_no_worker_behind(tiny_compiled: Path) -> None:
 
 
 @needs_proc
-def test_workers_die_with_a_killed_parent(tiny_compiled: Path) -> None:
-    proc = _start_bench(tiny_compiled, subprocess.DEVNULL)
+def test_workers_die_with_a_killed_parent(ort_compiled: Path) -> None:
+    proc = _start_bench(ort_compiled, subprocess.DEVNULL)
     workers: set[int] = set()
     try:
-        workers = _watch_children(proc, at_least=6, frozen=True)
+        workers = _watch_children(proc, at_least=ORT_ONLY_WORKERS, frozen=True)
         proc.kill()  # SIGKILL: no finally runs in the parent; frozen workers must still go (PR_SET_PDEATHSIG)
         proc.wait(timeout=60)
         assert not _wait_gone(workers)
