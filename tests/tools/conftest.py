@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlopt.tools.bench import BenchReport, run_bench
-from tests.conftest import CompileFactory, tiny_recipe_text
+from tests.conftest import CompileFactory, copy_model_dir, tiny_recipe_text
 from tests.tools.common import tiny_recipe
 
 
@@ -27,3 +27,9 @@ def policy_bench(tiny_compiled: Path) -> BenchReport:
     """One in-process bench of the tiny policy network: every backend, the eager model from the recipe, no
     torch.compile (its first compile takes many seconds)."""
     return run_bench(tiny_compiled, "policy", tiny_recipe(tiny_compiled), budget_s=0.05, torch_compile=False)
+
+
+@pytest.fixture()
+def ort_copy(ort_compiled: Path, tmp_path: Path) -> Path:
+    """A private copy of `ort_compiled` that a test may write into (reports) or damage."""
+    return copy_model_dir(ort_compiled, tmp_path)

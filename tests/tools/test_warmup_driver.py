@@ -43,14 +43,14 @@ def check_report_structure(document: dict[str, Any], model_dir: Path) -> None:
     assert Path(document["files"]["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_reference_spelling_runs_writes_report_and_plot_and_verify_still_passes(tiny_copy: Path,
+def test_reference_spelling_runs_writes_report_and_plot_and_verify_still_passes(ort_copy: Path,
                                                                                tmp_path: Path) -> None:
     profile = write_profile(tmp_path, TINY_PROFILE)
-    proc = run_rlopt("warmup", "--model_dir", str(tiny_copy), "--profile", str(profile), "--duration", "1",
+    proc = run_rlopt("warmup", "--model_dir", str(ort_copy), "--profile", str(profile), "--duration", "1",
                      "--concurrency", "2", "--json")
     assert proc.returncode == 0, proc.stderr
-    check_report_structure(json.loads(proc.stdout), tiny_copy)
-    verify = run_rlopt("verify", str(tiny_copy), "--json")
+    check_report_structure(json.loads(proc.stdout), ort_copy)
+    verify = run_rlopt("verify", str(ort_copy), "--json")
     assert verify.returncode == 0 and json.loads(verify.stdout)["passed"], verify.stdout
 
 
@@ -59,21 +59,21 @@ def test_reference_spelling_runs_writes_report_and_plot_and_verify_still_passes(
     ("--profile", "{profile}"),
     ("{model_dir}", "--model_dir", "/elsewhere", "--profile", "{profile}"),
 ])
-def test_model_dir_usage_errors_are_one_line(tiny_copy: Path, tmp_path: Path, args: tuple[str, ...]) -> None:
+def test_model_dir_usage_errors_are_one_line(ort_copy: Path, tmp_path: Path, args: tuple[str, ...]) -> None:
     profile = write_profile(tmp_path, TINY_PROFILE)
-    proc = run_rlopt("warmup", *[a.format(profile=profile, model_dir=tiny_copy) for a in args])
+    proc = run_rlopt("warmup", *[a.format(profile=profile, model_dir=ort_copy) for a in args])
     assert_one_line_error(proc, 2, "MODEL_DIR", "fix:")
 
 
-def test_bad_profile_through_the_cli_is_one_line_exit_2(tiny_copy: Path, tmp_path: Path) -> None:
+def test_bad_profile_through_the_cli_is_one_line_exit_2(ort_copy: Path, tmp_path: Path) -> None:
     profile = write_profile(tmp_path, with_changes(requests=[{"weight": 1, "shapes": {"input0": [9, 1, 32]}}]))
-    proc = run_rlopt("warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1")
+    proc = run_rlopt("warmup", str(ort_copy), "--profile", str(profile), "--duration", "1")
     assert_one_line_error(proc, 2, str(profile), "requests.0.shapes.input0", "outside the compiled profile")
 
 
-def test_slo_missed_exits_1(tiny_copy: Path, tmp_path: Path) -> None:
+def test_slo_missed_exits_1(ort_copy: Path, tmp_path: Path) -> None:
     profile = write_profile(tmp_path, with_changes(slo={"p99_ms": 1e-6}))
-    proc = run_rlopt("warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1", "--backend",
+    proc = run_rlopt("warmup", str(ort_copy), "--profile", str(profile), "--duration", "1", "--backend",
                      "onnxruntime", "--json")
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
@@ -111,7 +111,7 @@ def install_noisy_onnxruntime(monkeypatch: pytest.MonkeyPatch, noise: float) -> 
                         lambda path, names, facts: NoisyUnderLoad(real(path, names, facts), noise))
 
 
-def test_divergence_under_load_is_reported_and_exits_1(tiny_copy: Path, tmp_path: Path,
+def test_divergence_under_load_is_reported_and_exits_1(ort_copy: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     from rlopt.cli import main
@@ -119,7 +119,7 @@ def test_divergence_under_load_is_reported_and_exits_1(tiny_copy: Path, tmp_path
     install_noisy_onnxruntime(monkeypatch, noise=1e-2)
     profile = write_profile(tmp_path, TINY_PROFILE)
     with pytest.raises(SystemExit) as exit_info:
-        main(["warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1", "--backend", "onnxruntime",
+        main(["warmup", str(ort_copy), "--profile", str(profile), "--duration", "1", "--backend", "onnxruntime",
               "--json"])
     assert exit_info.value.code == 1
     report = json.loads(capsys.readouterr().out)
@@ -128,19 +128,19 @@ def test_divergence_under_load_is_reported_and_exits_1(tiny_copy: Path, tmp_path
     assert consistency["max_abs_diff"] == pytest.approx(1e-2, rel=1e-3)
     assert {d["output"] for d in consistency["divergences"]} == {"logits"}
     assert report["failures"][0].startswith("consistency under load")
-    saved = json.loads((tiny_copy / "reports" / "warmup-tiny.json").read_text())
+    saved = json.loads((ort_copy / "reports" / "warmup-tiny.json").read_text())
     assert saved["consistency"]["passed"] is False
 
 
-def test_noise_within_atol_is_consistent(tiny_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_noise_within_atol_is_consistent(ort_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same double with noise below the network's atol (1e-4) passes: the check uses the recipe's atol."""
     install_noisy_onnxruntime(monkeypatch, noise=1e-6)
-    result = run_warmup(tiny_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=1, backend="onnxruntime")
+    result = run_warmup(ort_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=1, backend="onnxruntime")
     assert result.report.consistency.passed and result.report.passed
     assert 0 < result.report.consistency.max_abs_diff <= 1e-4
 
 
-def test_ctrl_c_ends_early_with_a_partial_report(tiny_copy: Path, tmp_path: Path) -> None:
+def test_ctrl_c_ends_early_with_a_partial_report(ort_copy: Path, tmp_path: Path) -> None:
     seen: list[LiveStatus] = []
 
     def interrupt_under_load(status: LiveStatus) -> None:
@@ -148,11 +148,11 @@ def test_ctrl_c_ends_early_with_a_partial_report(tiny_copy: Path, tmp_path: Path
         if status.phase == "under load" and status.requests > 0:
             raise KeyboardInterrupt
 
-    result: WarmupResult = run_warmup(tiny_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=60,
+    result: WarmupResult = run_warmup(ort_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=60,
                                       backend="onnxruntime", monitor=interrupt_under_load)
     assert result.report.interrupted and result.report.elapsed_s < 60
     assert result.report.requests > 0 and result.report.consistency.compared > 0
-    assert json.loads((tiny_copy / "reports" / "warmup-tiny.json").read_text())["interrupted"] is True
+    assert json.loads((ort_copy / "reports" / "warmup-tiny.json").read_text())["interrupted"] is True
     assert seen[0].phase == "first calls" and seen[-1].phase == "done"
 
 

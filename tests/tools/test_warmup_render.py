@@ -12,21 +12,21 @@ from rlopt.tools.warmup import LiveShape, LiveStatus
 from tests.tools.common import TINY_PROFILE, run_piped, write_profile
 
 
-def test_positional_model_dir_and_human_table(tiny_copy: Path, tmp_path: Path) -> None:
+def test_positional_model_dir_and_human_table(ort_copy: Path, tmp_path: Path) -> None:
     """Piped, with no COLUMNS: no live display on stderr, the report on stdout not wrapped at 80 columns."""
     profile = write_profile(tmp_path, TINY_PROFILE)
-    proc = run_piped("warmup", str(tiny_copy), "--profile", str(profile), "--duration", "1", "--backend",
-                     "torchscript")
+    proc = run_piped("warmup", str(ort_copy), "--profile", str(profile), "--duration", "1", "--backend",
+                     "onnxruntime")
     assert proc.returncode == 0, proc.stderr
-    assert "warmup policy on torchscript" in proc.stdout and "1x1x32" in proc.stdout
+    assert "warmup policy on onnxruntime" in proc.stdout and "1x1x32" in proc.stdout
     assert "consistency: ok" in proc.stdout
-    [title] = [line for line in proc.stdout.splitlines() if "warmup policy on torchscript" in line]
+    [title] = [line for line in proc.stdout.splitlines() if "warmup policy on onnxruntime" in line]
     assert "steady state at" in title and len(title) > 80, proc.stdout  # one line, as wide as it needs
     assert proc.stdout.endswith("\n") and "\x1b" not in proc.stdout + proc.stderr and "\r" not in proc.stderr
     progress = [line for line in proc.stderr.splitlines() if line.strip()]
     assert [line.split(": ", 1)[1] for line in progress if line.startswith("warmup ")][:2] == [
         "first calls", "under load from 2 thread(s) for 1 s"], progress
-    assert all(line.startswith(("warmup policy on torchscript: ", "native library messages: ")) for line in progress)
+    assert all(line.startswith(("warmup policy on onnxruntime: ", "native library messages: ")) for line in progress)
     assert "shape" not in proc.stderr, "no live table on a pipe"
 
 
