@@ -2,8 +2,8 @@
 
 Every compile here is a real `rlopt compile` process killed with SIGKILL, forked from the session's warm
 interpreter (tests/cli_launcher.py), so a compile costs about a second instead of the seconds a fresh
-interpreter spends importing torch; the stage cache is warm (`tiny_compiled`), so each kill point is a moment of
-the publish protocol reached within that second.
+interpreter spends importing torch; the stage cache is warm (the `launcher` fixture compiles the same recipe
+first), so each kill point is a moment of the publish protocol reached within that second.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import rlopt
 from rlopt.errors import ArtifactError
 from rlopt.verify import verify_model_dir
 from tests import cli_launcher
-from tests.conftest import assert_one_line_error, write_tiny_recipe
+from tests.conftest import CompileFactory, assert_one_line_error, tiny_recipe_text, write_tiny_recipe
 
 # Kill points found by watching the staging directory: each is a moment inside a real compile.
 KILL_POINTS = [
@@ -31,8 +31,10 @@ KILL_POINTS = [
 ]
 
 @pytest.fixture(scope="module")
-def launcher(tiny_compiled: Path) -> cli_launcher.Launcher:
-    """`tiny_compiled` warms the session's stage cache for the tiny recipe these compiles use."""
+def launcher(compiled: CompileFactory) -> cli_launcher.Launcher:
+    """The launcher, after one compile of the recipe these tests compile has warmed the session's stage cache
+    (the cache keys of a stage differ with the backend set, so the all-backend `tiny_compiled` is not enough)."""
+    compiled(tiny_recipe_text("[onnxruntime, tvm]"), name="tiny.yaml")
     return cli_launcher.launcher()
 
 

@@ -1,7 +1,8 @@
 """Recurrent state in the tools (contract section 8): warmup and bench keep one state per simulated actor, fed
 back from the network's own output state; `Session.inputs` describes every input, integer ranges included.
 
-The network is a tiny GRUCell policy behind an embedding of integer ids (TorchScript and ONNX Runtime only).
+The network is a tiny GRUCell policy behind an embedding of integer ids, built for ONNX Runtime only (model.ts
+is written anyway, for the bench worker's TorchScript candidate).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ networks:
       h: {dtype: float32, min: [1, 16], opt: [2, 16], max: [4, 16]}
     outputs: [logits, h_new]
     state: {h: h_new}
-backends: [torchscript, onnxruntime]
+backends: [onnxruntime]
 verify: {samples: 2, steps: 2}
 """
 
