@@ -39,8 +39,8 @@ def write_recipe(folder: Path, document: dict) -> Path:
     return path
 
 
-def compile_architecture(folder: Path, name: str, backends: list[str]):
-    return compile_recipe(write_recipe(folder, recipe_for(name, backends)), folder / f"out-{name}")
+def compile_architecture(folder: Path, name: str, backends: list[str], **verify: int):
+    return compile_recipe(write_recipe(folder, recipe_for(name, backends, **verify)), folder / f"out-{name}")
 
 
 def multi_step_parity(model_dir: Path, backend: str):
@@ -72,7 +72,7 @@ def test_masked_policy_compiles_and_its_minus_inf_logits_verify(tmp_path: Path) 
 
 
 def test_lstm_with_state_compiles_and_verifies_over_steps(tmp_path: Path) -> None:
-    result = compile_architecture(tmp_path, "recurrent_ppo_lstm", FAST)
+    result = compile_architecture(tmp_path, "recurrent_ppo_lstm", FAST, samples=2, steps=2)
     assert result.passed, result.failures
     network = result.manifest.networks["net"]
     onnx_stage = next(s for s in network.stages if s["stage"] == "onnx")
