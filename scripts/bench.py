@@ -83,6 +83,15 @@ def machine_line() -> str:
             f"Python {facts['python']}; {tools}")
 
 
+def auto_routes(model_dir: Path) -> dict[str, dict[str, str]]:
+    """Per network, the backend `auto` routes each shape label to (manifest facts), {} when not compiled."""
+    from rlopt.manifest import read_manifest
+
+    if not (model_dir / "manifest.json").is_file():
+        return {}
+    return {name: dict(record.facts.get("auto_routes", {})) for name, record in read_manifest(model_dir).networks.items()}
+
+
 def refit_section(models: list[Model], work_dir: Path, runs: int) -> tuple[Any, str | None]:
     """REFIT HOOK: the lead wires scripts/bench_refit.py here after merging, e.g.
     `from bench_refit import measure_refit; return measure_refit(recipe, work_dir, runs), <its Markdown>` per
@@ -147,7 +156,8 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
     finally:
         if args.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
-    model_json = [m.to_json() | {"runs": reports[m.name], "run_errors": errors[m.name]} for m in models]
+    model_json = [m.to_json() | {"runs": reports[m.name], "run_errors": errors[m.name],
+                                 "auto_routes": auto_routes(m.model_dir)} for m in models]
     rows = collect_rows(model_json)
     results = {
         "kind": "rlopt-bench-protocol", "schema_version": 2,

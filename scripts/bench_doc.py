@@ -30,8 +30,10 @@ def collect_rows(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                 "gflop": shape.get("gflop"), "backend": None, "runs": []})
                     ratios = shape_ratios(shape.get("round_medians_us", {}))
                     row["runs"].append(None if ratios is None else ratios.to_json())
-                    auto_info = net.get("workers", {}).get("rlopt auto", {})
-                    row["backend"] = row["backend"] or auto_info.get("backend")
+                    routes = model.get("auto_routes", {}).get(net["network"], {})
+                    label = "-".join("x".join(map(str, d)) for d in shape["shape"].values())
+                    row["backend"] = (routes.get(label) or routes.get("other") or row["backend"]
+                                      or net.get("workers", {}).get("rlopt auto", {}).get("backend"))
     for row in rows.values():
         summarize(row)
     return list(rows.values())

@@ -23,12 +23,13 @@ def _report(auto: list[float], aa: list[float]) -> dict[str, Any]:
     rounds = {"rlopt auto": auto, "onnxruntime 1 thread": ort, "onnxruntime 2 threads": [150.0] * len(auto),
               "onnxruntime 1 thread (A/A)": aa, "pytorch eager": [300.0] * len(auto)}
     shape = {"point": "max", "shape": {"x": [8, 16, 768]}, "gflop": 0.05, "round_medians_us": rounds}
-    return {"networks": [{"network": "policy", "shapes": [shape], "workers": {"rlopt auto": {"backend": "tvm"}}}]}
+    return {"networks": [{"network": "policy", "shapes": [shape], "workers": {"rlopt auto": {"backend": "auto"}}}]}
 
 
 def _results(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"models": [{"name": "policy-value-heads", "origin": "bundled recipe", "tuned": True, "runs": runs,
-                        "compile_error": None, "run_errors": []},
+                        "compile_error": None, "run_errors": [],
+                        "auto_routes": {"policy": {"1x1x768": "onnxruntime", "8x16x768": "tvm"}}},
                        {"name": "gru_cell_state", "origin": "coverage matrix", "tuned": False, "runs": [],
                         "compile_error": "exit 2: something refused", "run_errors": []}],
             "created_at": "2026-12-03 14:00 UTC", "commit": "abc1234", "machine_line": "CPU X, 2 cores, no GPU",
@@ -47,7 +48,8 @@ def test_rows_pair_rounds_per_run_and_judge_the_row_over_runs() -> None:
     row = rows[0]
     assert [r["auto"] for r in row["runs"]] == [0.95, 1.04, 1.3]
     assert [r["aa"] for r in row["runs"]] == [1.02, 1.0, 1.0]
-    assert row["auto"] == 1.04 and row["eager"] == 3.0 and row["sb3"] is None and row["backend"] == "tvm"
+    assert row["auto"] == 1.04 and row["eager"] == 3.0 and row["sb3"] is None
+    assert row["backend"] == "tvm"  # auto's route for the shape's label, from the manifest
     assert row["spread"] == {"min": 0.95, "max": 1.3, "relative": pytest.approx(0.3684, abs=1e-4)}
     assert row["verdict"]["within"] == 2 and not row["verdict"]["passed"]
     assert row["verdict"]["reason"] == "worst run 1.30 > 1.2"
