@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from rlopt.manifest import read_manifest
+from rlopt.tools.bench import Skip, run_bench
+from rlopt.tools.bench.candidates import AA_SUFFIX, candidate_specs
 from rlopt.tools.bench.protocol import aa_noise, ort_best, paired_ratio, shape_ratios, spread, verdict
+from tests.tools.common import CORES, ORT_BASELINES
 
 
 def test_a_ratio_is_the_median_over_rounds_of_per_round_ratios() -> None:
@@ -56,3 +62,29 @@ def test_a_row_passes_within_the_noise_in_two_of_three_runs_and_never_above_the_
     assert verdict([1.04], [None]).passed and not verdict([1.06], [None]).passed  # one run: it must hold
     with pytest.raises(ValueError):
         verdict([1.0, 1.0], [1.0])
+
+
+def test_the_protocol_set_is_auto_eager_and_each_onnxruntime_session_twice(tiny_compiled: Path) -> None:
+    manifest = read_manifest(tiny_compiled)
+    skipped: list[Skip] = []
+    specs = candidate_specs(tiny_compiled, manifest, "policy", None, True, CORES, skipped, protocol=True)
+    names = [spec.name for spec in specs]
+    assert set(names) == {"rlopt auto", "pytorch eager"} | ORT_BASELINES | {n + AA_SUFFIX for n in ORT_BASELINES}
+    twins = {spec.name: spec for spec in specs if spec.name.endswith(AA_SUFFIX)}
+    for name, twin in twins.items():
+        plain = next(spec for spec in specs if spec.name == name.removesuffix(AA_SUFFIX))
+        assert (twin.kind, twin.threads, twin.model_dir) == (plain.kind, plain.threads, plain.model_dir)
+    full = [spec.name for spec in candidate_specs(tiny_compiled, manifest, "policy", None, True, CORES, [])]
+    assert not [n for n in full if n.endswith(AA_SUFFIX)] and "torchscript module" in full
+
+
+@pytest.mark.slow
+def test_a_protocol_bench_records_every_round_of_every_candidate(tiny_compiled: Path) -> None:
+    report = run_bench(tiny_compiled, "value", rounds=4, protocol=True, torch_compile=False)
+    [network] = report.networks
+    for shape in network.shapes:
+        assert shape.rounds == 4
+        assert set(shape.round_medians_us) == {r.candidate for r in shape.results}
+        assert all(len(v) == 4 and min(v) > 0 for v in shape.round_medians_us.values())
+        ratios = shape_ratios(shape.round_medians_us)
+        assert ratios is not None and ratios.auto is not None and ratios.aa is not None and ratios.sb3 is None
