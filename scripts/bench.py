@@ -134,7 +134,7 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlopt-bench-"))
     try:
         work_dir.mkdir(parents=True, exist_ok=True)
-        limits, _ = measure_limits(work_dir)
+        limits = measure_limits(work_dir)
         models = []
         for name in names:
             print(f"[bench] compiling {name}", file=sys.stderr)

@@ -4,8 +4,8 @@ read as a fraction of the hardware:
   OpenBLAS; ONNX Runtime's MLAS can beat it on cache-resident weights, so a fraction can exceed 100%);
 - read bandwidth (numpy sum over a 256 MiB array, best of 5);
 - the roofs no fp32 code can pass, from scripts/roofline.c (built here with the system C compiler; absent,
-  with the reason, where there is none): the FMA peak on 1 and on all cores, and per network the time to
-  read its weights once from where repeated calls leave them (the cache, when they fit).
+  with the reason, where there is none): the FMA peak on 1 and on all cores (the table's issue 5 target
+  column reads a target as a share of it); `Roofline.read_us` also times one read of N bytes from cache.
 """
 
 from __future__ import annotations
@@ -82,16 +82,6 @@ def _timed(call: Any) -> float:
     return time.perf_counter() - start
 
 
-def weight_bytes(torchscript_path: Path) -> int:
-    """Bytes of the network's parameters and buffers: what one call reads. (Not the ONNX initializers: an
-    exported `If` carries a copy of the weights per branch, which doubled the default policy's count.)"""
-    import torch
-
-    module = torch.jit.load(str(torchscript_path), map_location="cpu")
-    tensors = {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}
-    return int(sum(t.numel() * t.element_size() for t in tensors.values()))
-
-
 def openblas_core() -> str | None:
     """The kernel family numpy's OpenBLAS dispatched to on this CPU (it falls back to Haswell = AVX2 on CPUs it
     does not know, e.g. Zen 5, so its sgemm is an AVX2 roof, not the AVX-512 peak that TVM and MLAS use)."""
@@ -110,7 +100,8 @@ def openblas_core() -> str | None:
     return None
 
 
-def measure_limits(work_dir: Path) -> tuple[dict[str, Any], Roofline]:
+def measure_limits(work_dir: Path) -> dict[str, Any]:
+    """The roofs, once per invocation (about 10 s), into the JSON and the table set's header line."""
     from rlopt.machine import usable_cores
 
     roofline = Roofline(work_dir)
@@ -119,6 +110,6 @@ def measure_limits(work_dir: Path) -> tuple[dict[str, Any], Roofline]:
               "sgemm_openblas_core": openblas_core(), "cores": cores,
               "fma_peak_gflops_1_core": roofline.peak_gflops(1), "fma_peak_gflops": roofline.peak_gflops(cores),
               "roofline_unavailable": roofline.reason or None}
-    return limits, roofline
+    return limits
 
 

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -66,7 +65,7 @@ def _compile(name: str, origin: str, tuned: bool, source: Path, out: Path, recip
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         error = lines[-1] if lines else f"exit {done.returncode}"
     elif done.returncode == 1:
-        error = "a backend failed parity: " + json.loads(done.stdout).get("message", "") if done.stdout else None
+        error = "exit 1: a backend failed verification (benched without it; see its manifest.json)"
     return Model(name, origin, tuned, out, recipe, time.perf_counter() - started, done.returncode, error)
 
 
