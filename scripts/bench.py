@@ -52,7 +52,11 @@ def bench_once(model: Model, rounds: int) -> tuple[dict[str, Any] | None, str | 
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return None, f"bench exit {done.returncode}: {lines[-1] if lines else '?'}"
-    return json.loads(done.stdout), None
+    last = (done.stdout.strip().splitlines() or [""])[-1]  # a native library may have printed before the report
+    try:
+        return json.loads(last), None
+    except json.JSONDecodeError:
+        return None, f"bench printed no report: {last[:200]!r}"
 
 
 def one(model_dir: Path, recipe: Path | None, rounds: int) -> int:
