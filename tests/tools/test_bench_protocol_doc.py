@@ -56,6 +56,8 @@ def test_rows_pair_rounds_per_run_and_judge_the_row_over_runs() -> None:
     assert row["ort_best"] == "1 thread" and row["ort_best_us"] == 100.0 and row["auto_us"] == pytest.approx(104.0)
     spread = doc.default_policy_spread(rows)
     assert spread == {"relative": pytest.approx(0.3684, abs=1e-4), "runs": 3, "passed": False}
+    text = doc.table_set(_results(runs), rows)
+    assert "Default policy, max shape: auto / ORT best spread over 3 runs 36.8% (over 15%)." in text
 
 
 def test_the_table_set_names_its_run_and_every_verdict() -> None:
@@ -64,7 +66,7 @@ def test_the_table_set_names_its_run_and_every_verdict() -> None:
     text = doc.table_set(results, doc.collect_rows(results["models"]))
     assert text.startswith("## Run of 2026-12-03 14:00 UTC (commit abc1234, R = 1 runs, K = 3 rounds)")
     assert "CPU X, 2 cores, no GPU" in text
-    assert "Default policy, max shape: auto / ORT best spread over 1 runs 0.0% (within 15%)." in text
+    assert "Default policy, max shape: one run, so no spread to judge." in text
     row = next(line for line in text.splitlines() if line.startswith("| policy-value-heads / policy"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:9] == ["yes", "max 8x16x768", "tvm", "95.0 us", "100.0 us (1 thread)", "0.95", "0.95-0.95 (0%)",
