@@ -28,8 +28,9 @@ test: venv
 test-all: venv
 	$(BIN)/python -m pytest -q -m "not gpu"
 
+# make bench BENCH_ARGS=--quick: a smoke run (R = 1, fewer rounds, four models)
 bench: venv
-	$(BIN)/python scripts/bench.py --out bench-results.json
+	$(BIN)/python scripts/bench.py --out bench-results.json $(BENCH_ARGS)
 
 clean:
 	rm -rf artifacts .pytest_cache

@@ -38,6 +38,14 @@ def shape_results(samples: dict[str, np.ndarray], first_ms: dict[str, float], ca
     return results, ort_best
 
 
+def round_medians_us(samples: dict[str, np.ndarray], timed_per_block: int) -> dict[str, list[float]]:
+    """Each candidate's per-round block median in us: the samples are its blocks in round order, `timed_per_block` each."""
+    rounds = rounds_of(samples, timed_per_block)
+    return {name: [round(float(v) / 1e3, 3) for v in
+                   np.median(s[:rounds * timed_per_block].reshape(rounds, timed_per_block), axis=1)]
+            for name, s in samples.items()} if rounds else {}
+
+
 def rounds_of(samples: dict[str, np.ndarray], timed_per_block: int) -> int:
     """Complete interleaved rounds: the fewest blocks any surviving candidate ran."""
     return min(s.size for s in samples.values()) // timed_per_block if samples else 0
@@ -57,4 +65,4 @@ def torch_threads(networks: Sequence[NetworkBench]) -> int | None:
                  if name in ("pytorch eager", "torchscript module")), None)
 
 
-__all__ = ["affinity_warnings", "profile_points", "rounds_of", "shape_results", "torch_threads"]
+__all__ = ["affinity_warnings", "profile_points", "round_medians_us", "rounds_of", "shape_results", "torch_threads"]

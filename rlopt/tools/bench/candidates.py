@@ -11,7 +11,12 @@ Candidates, per network:
 - the TorchScript module (model.ts) called directly with torch tensors;
 - `torch.compile` of the eager module (inductor; its compile time is reported, not timed);
 - ONNX Runtime on the exported model.onnx with ORT_ENABLE_ALL at 1 intra-op thread and at all
-  usable cores.
+  usable cores;
+- for a MODEL_DIR compiled from an SB3 zip, its actor: `sb3 predict`, SB3's own
+  `model.predict(obs, deterministic=True)` on the zip the recipe names.
+The protocol set (`protocol=True`, scripts/bench.py) keeps what its ratios need: `rlopt auto`, eager, both
+ONNX Runtime sessions and an A/A twin of each (the same session in another process: the run's noise), and
+`sb3 predict`.
 Torch candidates get torch tensors made once per shape (`torch.from_numpy`, no copy), ONNX Runtime
 candidates numpy arrays: each is called the way its users call it.
 """
@@ -70,13 +75,18 @@ class OpenCandidate:
     source: str | None = None  # where the eager module came from
 
 
+AA_SUFFIX = " (A/A)"  # the twin of an ONNX Runtime session: same spec, another process
+
+
 def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None, torch_compile: bool,
-                    cores: int, skipped: list[Skip]) -> list[CandidateSpec]:
-    """Every candidate for `network`; those the manifest already rules out go to `skipped` with the reason."""
+                    cores: int, skipped: list[Skip], protocol: bool = False) -> list[CandidateSpec]:
+    """Every candidate for `network`; those the manifest already rules out go to `skipped` with the reason.
+
+    `protocol`: only the candidates the protocol's ratios read (see the module docstring)."""
     record = manifest.networks[network]
     common = {"model_dir": str(model_dir), "network": network, "recipe": str(recipe) if recipe else None}
     specs = []
-    for backend, artifact in record.artifacts.items():
+    for backend, artifact in ({} if protocol else record.artifacts).items():
         label = f"rlopt {backend}"
         if artifact.skipped:
             skipped.append(Skip(candidate=label, reason=artifact.skipped))
@@ -93,7 +103,32 @@ def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: P
                                    backend=backend, **common))
     specs.append(CandidateSpec("rlopt auto", "rlopt", "rlopt.load(..., backend='auto').run", "rlopt",
                                backend="auto", **common))
-    specs.append(CandidateSpec("pytorch eager", "baseline", "the nn.Module from the recipe", "eager", **common))
+    if manifest_sb3(model_dir, manifest) is None:
+        specs.append(CandidateSpec("pytorch eager", "baseline", "the nn.Module from the recipe", "eager", **common))
+    elif network == "actor":
+        specs.append(CandidateSpec("sb3 predict", "baseline", "SB3's model.predict(obs, deterministic=True)", "sb3",
+                                   **common))
+    else:
+        skipped.append(Skip(candidate="pytorch eager", reason="an SB3 agent's network: its actor is benched against "
+                                                              "'sb3 predict'"))
+    if not protocol:
+        specs += _torch_baselines(record, torch_compile, common, skipped)
+    if "model.onnx" not in record.files:
+        skipped.append(Skip(candidate="onnxruntime", reason="manifest.json lists no model.onnx"))
+        return specs
+    for threads in sorted({1, cores}):
+        label = f"onnxruntime {threads} thread" + ("s" if threads > 1 else "")
+        note = f"model.onnx, ORT_ENABLE_ALL, intra_op_num_threads={threads}"
+        specs.append(CandidateSpec(label, "baseline", note, "onnxruntime", threads=threads, **common))
+        if protocol:
+            specs.append(CandidateSpec(label + AA_SUFFIX, "baseline", note + ", another process", "onnxruntime",
+                                       threads=threads, **common))
+    return specs
+
+
+def _torch_baselines(record: NetworkRecord, torch_compile: bool, common: dict[str, Any],
+                     skipped: list[Skip]) -> list[CandidateSpec]:
+    specs = []
     if "model.ts" in record.files:
         specs.append(CandidateSpec("torchscript module", "baseline", "torch.jit.load(model.ts), torch tensors",
                                    "torchscript", **common))
@@ -104,14 +139,16 @@ def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: P
                                    "torch.compile", **common))
     else:
         skipped.append(Skip(candidate="torch.compile", reason="not requested"))
-    if "model.onnx" not in record.files:
-        skipped.append(Skip(candidate="onnxruntime", reason="manifest.json lists no model.onnx"))
-        return specs
-    for threads in sorted({1, cores}):
-        label = f"onnxruntime {threads} thread" + ("s" if threads > 1 else "")
-        specs.append(CandidateSpec(label, "baseline", f"model.onnx, ORT_ENABLE_ALL, intra_op_num_threads={threads}",
-                                   "onnxruntime", threads=threads, **common))
     return specs
+
+
+def manifest_sb3(model_dir: Path, manifest: Manifest) -> Path | None:
+    """The agent zip a MODEL_DIR was compiled from (its recipe's `model.sb3`), None for a factory model."""
+    from rlopt.recipe import load_recipe
+
+    stored_path = checked_file(model_dir, manifest.recipe)
+    sb3 = load_recipe(stored_path).model.sb3
+    return None if sb3 is None else (stored_path.parent / sb3).resolve()
 
 
 def check_recipe(model_dir: Path, manifest: Manifest, recipe: Path) -> None:
@@ -265,6 +302,30 @@ def _backend_threads(model_dir: Path, network: str, backend: str) -> int | None:
     return None
 
 
+def _open_sb3(spec: CandidateSpec) -> OpenCandidate:
+    """SB3's own `predict` on the zip the MODEL_DIR was compiled from (plain observations: no state, no masks)."""
+    from rlopt.sb3.agent import load_agent
+
+    model_dir = Path(spec.model_dir)
+    manifest = read_manifest(model_dir)
+    zip_path = manifest_sb3(model_dir, manifest)
+    if zip_path is None or not zip_path.is_file():
+        raise BackendUnavailable(f"the agent zip {zip_path} the MODEL_DIR was compiled from is not there")
+    agent = load_agent(zip_path)
+    record = manifest.networks[spec.network]
+    extra = [name for name in record.inputs if name not in {obs.name for obs in agent.inputs}]
+    if extra:
+        raise BackendUnavailable(f"benches plain observations only; this actor also takes {extra}")
+    keys = {obs.name: obs.key for obs in agent.inputs}
+
+    def prepare(feeds: dict[str, np.ndarray]) -> Call:
+        obs: Any = ({keys[name]: value for name, value in feeds.items()} if any(keys.values())
+                    else next(iter(feeds.values())))
+        return lambda: agent.model.predict(obs, deterministic=True)
+
+    return OpenCandidate(prepare, threads=require("torch").get_num_threads(), source=f"agent zip {zip_path}")
+
+
 def _open_factory(spec: CandidateSpec) -> OpenCandidate:
     module_name, _, function = (spec.factory or "").partition(":")
     opened = getattr(importlib.import_module(module_name), function)(spec)
@@ -275,7 +336,8 @@ def _open_factory(spec: CandidateSpec) -> OpenCandidate:
 
 OPENERS: dict[str, Callable[[CandidateSpec], OpenCandidate]] = {
     "rlopt": _open_rlopt, "eager": _open_eager, "torch.compile": _open_torch_compile,
-    "torchscript": _open_torchscript, "onnxruntime": _open_onnxruntime, "factory": _open_factory}
+    "torchscript": _open_torchscript, "onnxruntime": _open_onnxruntime, "sb3": _open_sb3,
+    "factory": _open_factory}
 
 
 def load_reference(model_dir: Path, record: NetworkRecord) -> Reference:
@@ -296,6 +358,7 @@ def count_gflop(module: Any, input_names: list[str], feeds: dict[str, np.ndarray
     return total / 1e9 if total else None
 
 __all__ = [
+    "AA_SUFFIX",
     "OPENERS",
     "Call",
     "CandidateSpec",
@@ -305,4 +368,5 @@ __all__ = [
     "count_gflop",
     "eager_module",
     "load_reference",
+    "manifest_sb3",
 ]

@@ -36,6 +36,7 @@ from rlopt.machine import load_average, machine_facts, usable_core_ids, usable_c
 from rlopt.tools.bench.analysis import (
     affinity_warnings,
     profile_points,
+    round_medians_us,
     rounds_of,
     shape_results,
     torch_threads,
@@ -263,11 +264,13 @@ def flop_counter(workers: list[Worker]) -> Worker | None:
 
 def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None, budget_s: float,
                   progress: Callable[[str], None], torch_compile: bool = True, cores: int = 0,
-                  extra_candidates: Sequence[CandidateSpec] = ()) -> NetworkBench:
+                  extra_candidates: Sequence[CandidateSpec] = (), rounds: int | None = None,
+                  protocol: bool = False) -> NetworkBench:
     record = manifest.network(network, model_dir)
     reference = load_reference(model_dir, record)
     skipped: list[Skip] = []
-    specs = candidate_specs(model_dir, manifest, network, recipe, torch_compile, cores or usable_cores(), skipped)
+    specs = candidate_specs(model_dir, manifest, network, recipe, torch_compile, cores or usable_cores(), skipped,
+                            protocol)
     specs += list(extra_candidates)
     notes = {spec.name: spec.note for spec in specs}
     progress(f"{network}: opening {len(specs)} candidates, one process each")
@@ -296,11 +299,13 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
                 notes[name] += f" (resolved to {info.backend})"
         for point in profile_points(reference):
             shape = reference.shape(point)
-            progress(f"{network}: {point} {shape}: {len(live)} candidates, ~{budget_s:g} s")
+            progress(f"{network}: {point} {shape}: {len(live)} candidates, "
+                     + (f"{rounds} rounds" if rounds else f"~{budget_s:g} s"))
             counter = flop_counter(live)
             for worker in live:
                 worker.at(point, worker is counter)
-            samples, first_ms, failures = time_interleaved({w.spec.name: w for w in live}, budget_s)
+            bounds = {"min_rounds": rounds, "max_rounds": rounds} if rounds else {}
+            samples, first_ms, failures = time_interleaved({w.spec.name: w for w in live}, budget_s, **bounds)
             for worker in [w for w in live if w.spec.name in failures]:
                 skipped.append(Skip(candidate=worker.spec.name,
                                     reason=f"failed at {point} {shape}: {failures[worker.spec.name]}"))
@@ -308,9 +313,9 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
             live = [w for w in live if w.spec.name not in failures]
             gflop = counter.gflop if counter in live else None
             results, ort_best = shape_results(samples, first_ms, [(w.spec.name, w.spec.group) for w in live], gflop)
-            rounds = rounds_of(samples, BLOCK_CALLS - 1)
-            shapes.append(ShapeBench(point=point, shape=shape, gflop=gflop, rounds=rounds, ort_best=ort_best,
-                                     results=results))
+            shapes.append(ShapeBench(point=point, shape=shape, gflop=gflop, rounds=rounds_of(samples, BLOCK_CALLS - 1),
+                                     ort_best=ort_best, results=results,
+                                     round_medians_us=round_medians_us(samples, BLOCK_CALLS - 1)))
     finally:
         stop_all(workers)
     return NetworkBench(network=network, eager_source=eager_source, candidates={w.spec.name: notes[w.spec.name]
@@ -319,11 +324,14 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
 
 def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | str | None = None, *,
               budget_s: float = DEFAULT_BUDGET_S, progress: Callable[[str], None] | None = None,
-              torch_compile: bool = True, extra_candidates: Sequence[CandidateSpec] = ()) -> BenchReport:
+              torch_compile: bool = True, extra_candidates: Sequence[CandidateSpec] = (),
+              rounds: int | None = None, protocol: bool = False) -> BenchReport:
     """Bench one network (or all) of a MODEL_DIR; see the module docstring for what is compared and how.
 
     `torch_compile=False` leaves torch.compile out (its first compile takes many seconds); tests use it.
     `extra_candidates` are benched beside the built-in ones, for every network (tests inject failing ones).
+    `rounds`: exactly that many interleaved rounds per shape instead of a time budget. `protocol`: the
+    candidate set scripts/bench.py's protocol reads (candidates.candidate_specs).
     """
     from rlopt.compile import tool_versions
 
@@ -333,13 +341,16 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
         manifest.network(network, model_dir)
     if recipe is not None:
         check_recipe(model_dir, manifest, Path(recipe))
+    if rounds is not None and rounds < 1:
+        raise UsageError(f"rounds {rounds}: must be >= 1 interleaved rounds per shape; fix: e.g. 30")
     if not budget_s > 0:
         raise UsageError(f"--budget {budget_s}: must be > 0 seconds per shape; fix: e.g. --budget 2")
     cores = usable_core_ids()
     load_start = load_average()
     names = [network] if network else list(manifest.networks)
     results = [bench_network(model_dir, manifest, name, Path(recipe) if recipe else None, budget_s,
-                             progress or (lambda _: None), torch_compile, len(cores), extra_candidates)
+                             progress or (lambda _: None), torch_compile, len(cores), extra_candidates, rounds,
+                             protocol)
                for name in names]
     threads = {"usable_cores": len(cores), "torch_threads": torch_threads(results)}
     machine = machine_facts() | {"threads": threads, "load_average_start": load_start,

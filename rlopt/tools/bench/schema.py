@@ -28,6 +28,7 @@ class ShapeBench(BaseModel):
     rounds: int
     ort_best: str | None
     results: list[CandidateResult]
+    round_medians_us: dict[str, list[float]] = {}  # per candidate, its block's median in each interleaved round
 
 
 class Skip(BaseModel):
