@@ -24,7 +24,7 @@ def drift(old: list[np.ndarray], new: list[np.ndarray], distribution: str) -> tu
     """Per row: KL(old || new), and whether the argmax agrees (categorical only, else None)."""
     before, after = rows(old, distribution), rows(new, distribution)
     if distribution == "gaussian":
-        return gaussian_kl(before[0], before[1], after[0], after[1]).sum(axis=-1), None
+        return gaussian_kl(before[0], before[1], after[0], after[1]), None
     return categorical_kl(before[0], after[0]), before[0].argmax(-1) == after[0].argmax(-1)
 
 
