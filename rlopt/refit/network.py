@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.errors import UsageError, located
+from rlopt.errors import BackendUnavailable, UsageError, located
 from rlopt.lazy import require
 from rlopt.manifest import BackendRecord, NetworkRecord, file_record
 from rlopt.recipe import Recipe
@@ -49,8 +49,13 @@ def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, on
     hook = BACKENDS[backend].refit_hook()
     assert hook is not None and record.path is not None  # refusal() checked every built artifact has one
     artifact = Path(record.path).relative_to(name).as_posix()
-    return dict(hook(RefitInputs(folder, artifact, facts_of(backend, record.facts), onnx_path, padded, state,
-                                 reference)))
+    try:
+        return dict(hook(RefitInputs(folder, artifact, facts_of(backend, record.facts), onnx_path, padded, state,
+                                     reference)))
+    except BackendUnavailable as exc:
+        raise UsageError(located(folder / artifact, f"networks.{name}.artifacts.{backend}",
+                                 f"cannot be refitted on this machine ({exc})",
+                                 "refit where the backend runs, or recompile without it")) from None
 
 
 def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, Any], reference: Reference,
