@@ -36,7 +36,19 @@ def prepared_weights(inputs: RefitInputs, facts: dict[str, Any]) -> dict[str, np
                                    recipe_path=inputs.network_dir, network=inputs.network_dir.name)
         assert out.artifact is not None
         graph = onnx.load(str(out.artifact)).graph
-    return {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    return {name: numpy_helper.to_array(tensor) for name, tensor in _named_tensors(onnx, graph)}
+
+
+def _named_tensors(onnx: Any, graph: Any) -> Any:
+    """Initializers and Constant values by the name the parser gives their weights, If/Loop bodies included."""
+    for init in graph.initializer:
+        yield init.name, init
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Constant" and attribute.type == onnx.AttributeProto.TENSOR:
+                yield node.output[0], attribute.t
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _named_tensors(onnx, attribute.g)
 
 
 def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
