@@ -52,7 +52,7 @@ def read_recipe(model_dir: Path) -> Recipe:
     return Recipe.model_validate(yaml.safe_load(checked_file(model_dir, read_manifest(model_dir).recipe).read_text()))
 
 
-def refusal(manifest: Manifest, recipe: Recipe) -> tuple[str, str] | None:
+def refusal(manifest: Manifest) -> tuple[str, str] | None:
     """(field, reason) for the first artifact refit cannot rewrite, or None."""
     from rlopt.backends import BACKENDS
     from rlopt.refit.weight_map import map_problem
@@ -82,7 +82,7 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
     out_dir = Path(out) if out is not None else model_dir
     manifest = read_manifest(model_dir)
     recipe = read_recipe(model_dir)
-    refused = refusal(manifest, recipe)
+    refused = refusal(manifest)
     if refused is not None:
         raise UsageError(located(model_dir / MANIFEST_NAME, refused[0], f"cannot be refitted: {refused[1]}",
                                  f"rebuild it: {rebuild_command(recipe, checkpoint, out_dir)}"))

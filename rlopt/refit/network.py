@@ -138,7 +138,7 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
 def _refresh_copies(staging: Path, old: NetworkRecord, before: dict[str, str | None]) -> None:
     """Files that were byte copies of a rewritten artifact (Triton's model.pt / model.onnx / model.plan) get the
     new bytes: a copy is found by the sha256 the old manifest recorded for both."""
-    for key, record in old.files.items():
+    for record in old.files.values():
         source = before.get(record.sha256)
         if source is not None and source != record.path:
             shutil.copyfile(staging / source, staging / record.path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,9 @@ def test_max_drift_kl_exits_1_and_replaces_nothing(model_copy: Path, tmp_path: P
     checkpoint = save_state(perturbed_state(_recipe_folder(model_copy)), tmp_path / "new.pt")
     proc = run_rlopt("refit", str(model_copy), "--checkpoint", str(checkpoint), "--json")
     assert proc.returncode == 1, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["passed"] is False and document["drift"]["policy"]["kl_mean"] > 1.0e-6
+    assert document["refit_of"] == read_manifest(model_copy).content_sha256
     assert "policy: policy drift KL(old || new)" in proc.stderr and "max_drift_kl" in proc.stderr
     assert _listing(model_copy) == before
     _no_partials(model_copy)
