@@ -63,7 +63,7 @@ class Learner:
         loss.backward()
         self.optimizer.step()
         torch.save(self.model.state_dict(), checkpoint)
-        return float(loss)
+        return float(loss.detach())
 
 
 def main() -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -98,8 +99,9 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
             shutil.copytree(model_dir, staging, dirs_exist_ok=True)
             networks: dict[str, NetworkRecord] = {}
             failures: list[str] = []
-            for name, record in manifest.networks.items():
-                networks[name] = refit_network(staging, recipe, name, record, model, checkpoint, failures)
+            with one_torch_thread():
+                for name, record in manifest.networks.items():
+                    networks[name] = refit_network(staging, recipe, name, record, model, checkpoint, failures)
             refitted = manifest.model_copy(update={
                 "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "networks": networks,
                 "refit_of": manifest.content_sha256}).seal()
@@ -112,6 +114,22 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return RefitResult(out_dir, refitted, failures, time.perf_counter() - started)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """PyTorch on one intra-op thread while refit records and gates: the reference batches are small, and on a
+    shared machine two threads waiting on each other made the same work 5-10x slower. Restored after (it is
+    process-wide: a TorchScript session of this process also computes on one thread meanwhile)."""
+    from rlopt.lazy import require
+
+    torch = require("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _new_model(manifest: Manifest, recipe: Recipe, model_dir: Path, checkpoint: Path,

@@ -45,9 +45,9 @@ def save_state(state: dict[str, Any], path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Compiled once per module; tests copy it before refitting in place."""
+    """Compiled once per session; tests copy it before refitting in place."""
     from rlopt.compile import compile_recipe
 
     folder = tmp_path_factory.mktemp("refit-base")
