@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.5.0"
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rlopt.runtime import Session
 
 
@@ -17,4 +19,11 @@ def load(model_dir: Any, network: str, backend: str = "auto") -> Session:
     return _load(model_dir, network, backend)
 
 
-__all__ = ["load", "__version__"]
+def refit(model_dir: Any, checkpoint: Any, out: Any = None) -> Path:
+    """New weights into a compiled MODEL_DIR without recompiling, verified, published atomically (see rlopt.refit)."""
+    from rlopt.refit import refit as _refit
+
+    return _refit(model_dir, checkpoint, out)
+
+
+__all__ = ["load", "refit", "__version__"]

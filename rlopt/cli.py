@@ -67,6 +67,43 @@ def compile_command(
         raise typer.Exit(1)
 
 
+@app.command("refit")
+def refit_command(
+    model_dir: Annotated[Path, typer.Argument(help="A MODEL_DIR compiled by 'rlopt compile'.")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="New weights: a state_dict .pt / .safetensors, "
+                                             "or a new zip of the same SB3 agent.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write here (default: replace MODEL_DIR).")] = None,
+    vecnormalize: Annotated[Optional[Path], typer.Option("--vecnormalize", help="SB3 agent: new VecNormalize .pkl.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Replace every artifact's weights without recompiling, re-verify every backend, report the policy drift."""
+    import contextlib
+
+    from rlopt.logs import stdout_kept_for_json
+    from rlopt.refit import refit_model_dir
+    from rlopt.render import stderr, stdout
+
+    with stdout_kept_for_json() if json_out else contextlib.nullcontext():
+        result = refit_model_dir(model_dir, checkpoint, output, vecnormalize=vecnormalize)
+    drift = {name: network.drift.model_dump(mode="json") for name, network in result.manifest.networks.items()
+             if network.drift is not None}
+    if json_out:
+        _print_json({"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,
+                     "seconds": round(result.seconds, 2), "refit_of": result.manifest.refit_of, "drift": drift,
+                     "manifest": result.manifest.model_dump(mode="json")})
+    else:
+        for name, values in drift.items():
+            agree = "" if values["argmax_agree"] is None else f", argmax agreement {values['argmax_agree']:.3f}"
+            stdout.print(f"{name}: drift KL(old || new) mean {values['kl_mean']:.3g}, max {values['kl_max']:.3g}{agree}")
+        if result.passed:
+            stdout.print(f"refitted {result.model_dir} in {result.seconds:.2f} s")
+    if not result.passed:
+        for failure in result.failures:
+            stderr.print(f"[red]FAIL[/] {failure}")
+        stderr.print("nothing was replaced")
+        raise typer.Exit(1)
+
+
 @app.command("verify")
 def verify_command(model_dir: Annotated[Path, typer.Argument(help="A compiled MODEL_DIR.")],
                    json_out: JsonFlag = False) -> None:

@@ -92,6 +92,15 @@ class BackendRecord(_Model):
         return self.built and self.parity is not None and self.parity.passed
 
 
+class Drift(_Model):
+    """How far a refit moved a policy on the reference inputs: KL(old || new) per row and argmax agreement."""
+
+    kl_mean: float
+    kl_max: float
+    argmax_agree: float | None = None  # categorical policies only
+    compared: int
+
+
 class NetworkRecord(_Model):
     kind: str
     distribution: str = "categorical"
@@ -108,6 +117,7 @@ class NetworkRecord(_Model):
     # Per-network results that belong to no single backend: GEMM padding (padded dims, skipped edges,
     # exactness), the TensorRT plan (profiles), what each backend did with `precision`, Triton models.
     facts: dict[str, Any] = Field(default_factory=dict)
+    drift: Drift | None = None  # set by `rlopt refit` on policy networks
 
 
 class Manifest(_Model):
@@ -120,6 +130,7 @@ class Manifest(_Model):
     recipe_sha256: str
     recipe: FileRecord
     networks: dict[str, NetworkRecord]
+    refit_of: str | None = None  # `rlopt refit`: the content_sha256 of the MODEL_DIR whose weights were replaced
     content_sha256: str = ""
 
     def seal(self) -> Manifest:
@@ -129,6 +140,11 @@ class Manifest(_Model):
 
     def compute_content_sha256(self) -> str:
         body = self.model_dump(mode="json", exclude={"content_sha256"})
+        if body["refit_of"] is None:  # fields added after 0.5 hash only when set, so older manifests still check
+            del body["refit_of"]
+        for network in body["networks"].values():
+            if network["drift"] is None:
+                del network["drift"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     def network(self, name: str, model_dir: Path) -> NetworkRecord:

@@ -288,6 +288,7 @@ class VerifyConfig(_Strict):
     # Gate for artifacts built in reduced precision (fp16/bf16 engines, int8 ONNX Runtime).
     reduced_precision: ReducedPrecisionTolerance = Field(default_factory=lambda: ReducedPrecisionTolerance())
     rollout: RolloutConfig | None = None   # SB3 agents: run the env, every backend of `actor` vs predict (section 9)
+    max_drift_kl: float | None = Field(default=None, ge=0)  # `rlopt refit`: a larger mean KL(old || new) exits 1
 
 
 class Recipe(_Strict):

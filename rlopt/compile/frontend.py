@@ -47,6 +47,17 @@ def model_source(recipe: Recipe, recipe_path: Path) -> ModelSource:
     return FactorySource(recipe, recipe_path)
 
 
+def recorded_source(ctx: Context) -> dict[str, Any]:
+    """How `rlopt refit` rebuilds the eager model: the factory with its file made absolute, kwargs and seed."""
+    spec = ctx.recipe.model
+    if spec.factory is None:
+        return {"sb3": True}
+    target, _, attribute = spec.factory.rpartition(":")
+    if target.endswith(".py") or "/" in target:
+        target = str((ctx.recipe_path.parent / target).resolve())
+    return {"factory": f"{target}:{attribute}", "kwargs": spec.kwargs, "seed": spec.seed}
+
+
 # ---------------------------------------------------------------- identities
 
 def interface(ctx: Context) -> dict[str, Any]:
@@ -64,6 +75,7 @@ class Script(Stage):
         out = script_network(ctx.module, ctx.dir / "model.ts", recipe_path=ctx.recipe_path, network=ctx.name,
                              module_path=ctx.spec.module)
         ctx.keys["module"] = {"graph": out.facts["graph_sha256"], "weights": out.facts["weights_sha256"]}
+        ctx.facts["model_source"] = recorded_source(ctx)
         ctx.keys["model.ts"] = {**ctx.keys["module"], "code": self.code_version()}
         return out
 

@@ -267,9 +267,32 @@ def export_onnx(ts_path: Path, spec: NetworkSpec, opset: int, out_path: Path, *,
                                  "list one name per returned tensor"))
     onnx.checker.check_model(model, full_check=True)
     op_types = sorted({node.op_type for node in _all_nodes(model.graph)})
+    facts["weight_map"] = weight_map(torch, onnx, model, ts_path, eager_module, spec, opset, out_path, dynamic_axes,
+                                     facts["export_path"])
     return StageOutput(out_path, {"exporter": EXPORTERS[facts["export_path"]], **facts, "opset": opset,
                                   "nodes": len(model.graph.node), "op_types": op_types,
                                   "dynamic_dims": dynamic_axes, "if_nodes": op_types.count("If")})
+
+
+def weight_map(torch: Any, onnx: Any, model: Any, ts_path: Path, eager: Any, spec: NetworkSpec, opset: int,
+               out_path: Path, dynamic_axes: dict[str, dict[int, str]], path: str) -> dict[str, Any]:
+    """The refit map (rlopt.refit.weight_map): the same export path once more, from distinct sentinel weights."""
+    import copy
+    import tempfile
+
+    from rlopt.refit.weight_map import build_weight_map, sentinel_state
+
+    module = torch.jit.load(str(ts_path), map_location="cpu") if path == "script" else copy.deepcopy(eager).eval()
+    marked = sentinel_state(module.state_dict())
+    module.load_state_dict(marked)
+    with tempfile.TemporaryDirectory(prefix="rlopt-weight-map-") as folder:
+        sentinel_path = Path(folder) / out_path.name
+        try:
+            _export(torch, module, spec, opset, sentinel_path, dynamic_axes, dynamo=path == "dynamo")
+        except Exception as exc:  # the exporter raises many types; the map is then absent, refit refuses
+            return {"version": 1, "refused": f"the sentinel export failed: {refused_op(exc)}"}
+        sentinel = onnx.load(str(sentinel_path))
+    return build_weight_map(model, sentinel, {k: v.detach().cpu().numpy() for k, v in marked.items()})
 
 
 def _all_nodes(graph: Any) -> list[Any]:

@@ -26,4 +26,5 @@ BACKEND = Backend(
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
     unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts,
     triton_platform=("onnxruntime_onnx", "model.onnx"),
-    stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",))
+    stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",),
+    refit="rlopt.backends.onnxruntime.refit:refit_artifact")

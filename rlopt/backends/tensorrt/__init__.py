@@ -16,4 +16,5 @@ BACKEND = Backend(
     runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
     unavailable=_unavailable, threads=lambda facts: "GPU", facts=TensorRTFacts,
     triton_platform=("tensorrt_plan", "model.plan"), native=True,
-    stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",))
+    stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",),
+    refit="rlopt.backends.tensorrt.refit:refit_artifact")

@@ -17,4 +17,5 @@ BACKEND = Backend(
     runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
     unavailable=lambda facts: module_missing("torch"), threads=_threads, facts=TorchScriptFacts,
     triton_platform=("pytorch_libtorch", "model.pt"),
-    stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",))
+    stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",),
+    refit="rlopt.backends.torchscript.refit:refit_artifact")

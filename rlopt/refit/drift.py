@@ -1,0 +1,49 @@
+"""Policy drift between the served weights and new ones: KL(old || new) and argmax agreement per row.
+
+Both policies are compared on the same recorded reference inputs (reference.npz is recorded from a seed, so
+the old and the new MODEL_DIR hold the same inputs), from the outputs PyTorch produced for each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlopt.manifest import Drift
+from rlopt.parity import categorical_kl, gaussian_kl
+from rlopt.reference import Reference
+
+
+def rows(outputs: list[np.ndarray], distribution: str) -> tuple[np.ndarray, ...]:
+    """The policy's outputs as 2-D [rows, actions] arrays ([mean, log_std] for a gaussian)."""
+    count = 2 if distribution == "gaussian" else 1
+    heads = outputs[:count]
+    return tuple(np.broadcast_to(h, heads[0].shape).reshape(-1, heads[0].shape[-1]) for h in heads)
+
+
+def drift(old: list[np.ndarray], new: list[np.ndarray], distribution: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per row: KL(old || new), and whether the argmax agrees (categorical only, else None)."""
+    before, after = rows(old, distribution), rows(new, distribution)
+    if distribution == "gaussian":
+        return gaussian_kl(before[0], before[1], after[0], after[1]), None
+    return categorical_kl(before[0], after[0]), before[0].argmax(-1) == after[0].argmax(-1)
+
+
+def reference_drift(old: Reference, new: Reference, distribution: str) -> Drift:
+    """Drift over every recorded sample at every point (and recurrent step) of two references."""
+    kls: list[np.ndarray] = []
+    agree: list[np.ndarray] = []
+    for point in [p for p in old.points if p in new.points]:
+        for index in range(min(old.samples(point), new.samples(point))):
+            feeds = new.feeds(point, index)
+            if any(not np.array_equal(value, feeds[name]) for name, value in old.feeds(point, index).items()):
+                continue  # not the same input (a rollout observation): no drift to measure there
+            kl, same = drift(old.outputs(point, index), new.outputs(point, index), distribution)
+            kls.append(kl)
+            if same is not None:
+                agree.append(same)
+    every = np.concatenate(kls) if kls else np.zeros(0)
+    return Drift(kl_mean=float(every.mean()) if every.size else 0.0, kl_max=float(every.max()) if every.size else 0.0,
+                 argmax_agree=float(np.concatenate(agree).mean()) if agree else None, compared=int(every.size))
+
+
+__all__ = ["drift", "reference_drift", "rows"]

@@ -1,0 +1,148 @@
+"""`rlopt refit`: new weights into a compiled MODEL_DIR without recompiling, verified, published atomically.
+
+Old MODEL_DIR -> copied into a hidden staging dir -> per network: the new reference from eager PyTorch, the ONNX
+graph rewritten through its weight map (and its pad_gemm copy re-padded), every artifact through its backend's
+refit hook, every backend through the one parity gate -> manifest with `refit_of` and the drift -> publish.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from rlopt.errors import UsageError, located
+from rlopt.manifest import MANIFEST_NAME, Manifest, NetworkRecord, read_manifest, write_json
+from rlopt.recipe import Recipe
+
+
+@dataclass
+class RefitResult:
+    model_dir: Path
+    manifest: Manifest
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def refit(model_dir: Path | str, checkpoint: Path | str, out: Path | str | None = None, *,
+          vecnormalize: Path | str | None = None) -> Path:
+    """New weights into MODEL_DIR (or a new OUT); returns the published MODEL_DIR. Raises VerificationError
+    (exit 1, nothing replaced) when a backend fails the gate or the drift exceeds verify.max_drift_kl."""
+    from rlopt.errors import VerificationError
+
+    result = refit_model_dir(model_dir, checkpoint, out, vecnormalize=vecnormalize)
+    if not result.passed:
+        raise VerificationError("; ".join(result.failures) + "; nothing was replaced")
+    return result.model_dir
+
+
+def read_recipe(model_dir: Path) -> Recipe:
+    """The resolved recipe a MODEL_DIR keeps (its `recipe.yaml`, already checked by the manifest's sha256)."""
+    from rlopt.manifest import checked_file
+
+    return Recipe.model_validate(yaml.safe_load(checked_file(model_dir, read_manifest(model_dir).recipe).read_text()))
+
+
+def refusal(manifest: Manifest) -> tuple[str, str] | None:
+    """(field, reason) for the first artifact refit cannot rewrite, or None."""
+    from rlopt.backends import BACKENDS
+    from rlopt.refit.weight_map import map_problem
+
+    for name, network in manifest.networks.items():
+        if "model_source" not in network.facts:
+            return f"networks.{name}.facts", "it records no model source (built by an older rlopt)"
+        problem = map_problem(network.facts.get("onnx", {}).get("weight_map"))
+        if problem is not None:
+            return f"networks.{name}", problem
+        for backend, record in network.artifacts.items():
+            if record.built and (backend not in BACKENDS or BACKENDS[backend].refit is None):
+                return f"networks.{name}.artifacts.{backend}", f"backend '{backend}' has no refit hook"
+    return None
+
+
+def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | str | None = None, *,
+                    vecnormalize: Path | str | None = None) -> RefitResult:
+    """Everything `rlopt refit` does; failures (gate, drift) are returned and then nothing is published."""
+    from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
+    from rlopt.locking import exclusive_lock
+    from rlopt.refit.checkpoint import rebuild_command
+    from rlopt.refit.network import refit_network
+
+    started = time.perf_counter()
+    model_dir, checkpoint = Path(model_dir), Path(checkpoint)
+    out_dir = Path(out) if out is not None else model_dir
+    manifest = read_manifest(model_dir)
+    recipe = read_recipe(model_dir)
+    refused = refusal(manifest)
+    if refused is not None:
+        raise UsageError(located(model_dir / MANIFEST_NAME, refused[0], f"cannot be refitted: {refused[1]}",
+                                 f"rebuild it: {rebuild_command(recipe, checkpoint, out_dir)}"))
+    if out_dir.resolve() != model_dir.resolve() and not is_model_dir_or_empty(out_dir):
+        raise UsageError(located(out_dir, "-o", "exists and is not an rlopt MODEL_DIR",
+                                 "choose another output directory or remove it"))
+    model, recipe = _new_model(manifest, recipe, model_dir, checkpoint, vecnormalize)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out_dir.parent / f".{out_dir.name}.lock", out_dir, "rlopt refit"):
+        remove_stale_partials(out_dir)
+        staging = staging_dir(out_dir)
+        try:
+            shutil.copytree(model_dir, staging, dirs_exist_ok=True)
+            networks: dict[str, NetworkRecord] = {}
+            failures: list[str] = []
+            with one_torch_thread():
+                for name, record in manifest.networks.items():
+                    networks[name] = refit_network(staging, recipe, name, record, model, checkpoint, failures)
+            refitted = manifest.model_copy(update={
+                "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "networks": networks,
+                "refit_of": manifest.content_sha256}).seal()
+            write_json(staging / MANIFEST_NAME, refitted.model_dump(mode="json"))
+            if failures:
+                shutil.rmtree(staging, ignore_errors=True)
+            else:
+                publish(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return RefitResult(out_dir, refitted, failures, time.perf_counter() - started)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """PyTorch on one intra-op thread while refit records and gates: the reference batches are small, and on a
+    shared machine two threads waiting on each other made the same work 5-10x slower. Restored after (it is
+    process-wide: a TorchScript session of this process also computes on one thread meanwhile)."""
+    from rlopt.lazy import require
+
+    torch = require("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _new_model(manifest: Manifest, recipe: Recipe, model_dir: Path, checkpoint: Path,
+               vecnormalize: Path | str | None) -> tuple[Any, Recipe]:
+    from rlopt.refit.checkpoint import agent_model, factory_model
+
+    source = next(iter(manifest.networks.values())).facts["model_source"]
+    if recipe.model.sb3 is not None:
+        return agent_model(recipe, checkpoint, Path(vecnormalize) if vecnormalize else None)
+    if vecnormalize is not None:
+        raise UsageError(located(model_dir, "--vecnormalize", "goes only with a MODEL_DIR compiled from an SB3 zip",
+                                 "leave it out"))
+    return factory_model(source, checkpoint, model_dir), recipe
+
+
+__all__ = ["RefitResult", "read_recipe", "refit", "refit_model_dir", "refusal"]
