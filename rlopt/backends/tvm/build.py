@@ -317,4 +317,5 @@ def _write_params(out_dir: Path, slug: str, weights: dict[str, Any], onnx_name: 
 
     path = out_dir / f"tvm-{slug}.params.npz"
     write_params(path, weights)
-    return {"file": file_record(out_dir.parent, path).model_dump(), "onnx": onnx_name, "names": list(weights)}
+    return {"file": file_record(out_dir.parent, path).model_dump(), "onnx": onnx_name,
+            "padded": onnx_name == "model.padded.onnx", "names": list(weights)}

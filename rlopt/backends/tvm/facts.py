@@ -33,6 +33,7 @@ class TvmParams(Facts):
 
     file: FileRef = Field(description="the params file (.npz keyed by initializer name), next to the libraries")
     onnx: str = Field(description="the ONNX file the libraries were built from (model.onnx or model.padded.onnx)")
+    padded: bool = Field(False, description="built from the pad_gemm copy: refit reads the padded graph")
     names: list[str] = Field(default_factory=list, description="initializer names in the file, in order")
 
 

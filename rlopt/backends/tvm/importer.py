@@ -349,7 +349,7 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *,
     mod = relax.transform.FastMathTransform()(mod)
     facts["fast_math"] = True
     with _LEGALIZE_LOCK, target:
-        mod = relax.get_pipeline("zero")(mod)
+        mod = _fused_with_params(mod) if weights_as_params else relax.get_pipeline("zero")(mod)
     if shapes is not None:
         # weights may be re-laid-out by a tuned schedule (packed tiles): 52 vs 75 us for the tuned default
         # policy at [4,8,768]; baked weights (constants) and parameters after `num_input` are both layout-free
@@ -357,6 +357,25 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *,
         facts["weight_prepack"] = True
     facts["fused_kernels"] = fused_kernels(mod)
     return mod, facts
+
+
+def _fused_with_params(mod: Any) -> Any:
+    """The "zero" pipeline, with what is computed from weights alone (a Conv bias reshaped, ...) lifted out of
+    `main` into PREPARE before fusion. Baked weights get that folded into constants; lifting it leaves `main`
+    with the same kernels, so tuning records made on either apply to both (a bias reshape fused into a conv
+    kernel would be a new workload: the Atari CNN's three convs lost their records that way)."""
+    from rlopt.backends.tvm.params import PREPARE
+
+    tvm = require("tvm")
+    relax = require("tvm.relax")
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FoldConstant(), relax.transform.LiftTransformParams()])(mod)
+    lifted = mod.get_global_var("main_transform_params")
+    functions = {gv: func for gv, func in mod.functions_items() if not gv.same_as(lifted)}
+    # no num_input: the pre-packing lift (fold_weight_layouts) must leave this function alone
+    functions[tvm.ir.GlobalVar(PREPARE)] = mod[lifted].with_attr("global_symbol", PREPARE).without_attr("num_input")
+    mod = tvm.IRModule(functions, attrs=mod.attrs)
+    return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
 
 
 def fold_weight_layouts(mod: Any, weights_as_params: bool = False) -> Any:

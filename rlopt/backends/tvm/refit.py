@@ -26,6 +26,8 @@ def new_weights(onnx_model: Any, facts: TvmFacts) -> dict[str, np.ndarray]:
     from rlopt.backends.tvm.importer import prepare_onnx, split_weights
 
     libraries = [(None, facts.param_names)] + [(build.shapes, build.param_names) for build in facts.shape_builds]
+    if not any(node.op_type == "If" for node in onnx_model.graph.node):  # only a static If makes shapes matter
+        libraries = [(None, [name for _, names in libraries for name in names])]
     weights: dict[str, np.ndarray] = {}
     for shapes, names in libraries:
         derived = split_weights(prepare_onnx(onnx_model, shapes)[0])
@@ -46,9 +48,10 @@ def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
         raise ArtifactError(located(artifact, "facts.params", "TVM libraries have the weights baked in "
                                     "(built by an older rlopt, or for a CUDA target) and cannot be refitted", REBUILD))
     source = inputs.padded_onnx_path or inputs.onnx_path
-    if source.name != facts.params.onnx:
-        raise ArtifactError(located(source, "", f"TVM was built from {facts.params.onnx}, refit was given "
-                                    f"{source.name}", REBUILD))
+    if facts.params.padded != (inputs.padded_onnx_path is not None):
+        given = "a padded" if inputs.padded_onnx_path is not None else "an unpadded"
+        raise ArtifactError(located(source, "", f"TVM was built from {facts.params.onnx}, refit was given {given} "
+                                    "graph", REBUILD))
     params_path = inputs.network_dir / PurePosixPath(facts.params.file.path).name
     old = read_params(params_path)
     new = new_weights(require("onnx").load(str(source)), facts)
