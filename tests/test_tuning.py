@@ -184,11 +184,14 @@ def test_thread_choice_runs_in_process_and_leaves_this_thread_on_every_core(tiny
 
     from rlopt.backends.tvm.build import choose_threads
 
-    builds = read_manifest(tiny_compiled).networks["policy"].artifacts["tvm"].facts["shape_builds"]
-    libraries = [(b["shapes"], tiny_compiled / b["file"]["path"]) for b in builds]
+    from rlopt.backends.tvm.params import read_params
+
+    facts = read_manifest(tiny_compiled).networks["policy"].artifacts["tvm"].facts
+    libraries = [(b["shapes"], tiny_compiled / b["file"]["path"], b["param_names"]) for b in facts["shape_builds"]]
+    weights = read_params(tiny_compiled / facts["params"]["file"]["path"])
     before = os.sched_getaffinity(0)
     bind = os.environ.get("TVM_BIND_THREADS")
-    threads, table = choose_threads(libraries, {"input0": "float32"}, 2, budget_s=0.005)
+    threads, table = choose_threads(libraries, {"input0": "float32"}, 2, weights, budget_s=0.005)
     assert os.sched_getaffinity(0) == before, "re-sizing TVM's pool must not pin the caller to one core"
     assert os.environ.get("TVM_BIND_THREADS") == bind, "the temporary setting is restored"
     assert threads in (1, 2)

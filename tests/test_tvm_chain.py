@@ -24,7 +24,7 @@ def _vm_outputs(session: rlopt.Session, x: np.ndarray) -> list[np.ndarray]:
 
     runner = session._gen.runners["tvm"]
     vm = relax.VirtualMachine(runner._libraries[(x.shape,)], tvm.cpu(0))
-    result = vm["main"](tvm.runtime.tensor(x))
+    result = vm["main"](tvm.runtime.tensor(x), *runner._params[(x.shape,)])
     return [t.numpy() for t in flatten_outputs(result)]
 
 

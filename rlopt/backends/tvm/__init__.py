@@ -33,4 +33,5 @@ BACKEND = Backend(
     name="tvm", module="tvm",
     runner="rlopt.backends.tvm.runner:TvmRunner",
     unavailable=_unavailable, threads=_threads, facts=TvmFacts, native=True,
-    stages=("rlopt.backends.tvm.stages:TvmCudaBuild", "rlopt.backends.tvm.stages:TvmBuild"))
+    stages=("rlopt.backends.tvm.stages:TvmCudaBuild", "rlopt.backends.tvm.stages:TvmBuild"),
+    refit="rlopt.backends.tvm.refit:refit_artifact")

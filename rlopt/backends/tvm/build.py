@@ -9,6 +9,9 @@
   (`untuned_kernels`), so a user sees which workloads `rlopt tune` still has to cover.
 - The target is completed for this host (mcpu, num-cores); the ISA features that mcpu implies
   are recorded, so a runtime on a CPU without them refuses to load instead of dying on SIGILL.
+- The weights are parameters, not constants: every library takes them after the inputs, and one params
+  file per network (`tvm-<target>.params.npz`, keyed by initializer) holds them, so `rlopt refit` writes a
+  new file and reuses the libraries (see rlopt.backends.tvm.params and refit).
 - The TVM thread count is chosen by measuring the static libraries at 1..N threads.
 """
 
@@ -59,7 +62,7 @@ def _compile(mod: Any, target: Any, out_path: Path, recipe_path: Path, network: 
 def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe_path: Path,
             network: str) -> tuple[Any, dict[str, Any]]:
     try:
-        return import_relax(model, target, shapes)
+        return import_relax(model, target, shapes, weights_as_params=True)
     except BackendUnavailable:  # an op the frontend has no converter for: TVM is skipped, the others go on
         raise
     except Exception as exc:  # the TVM frontend raises many error types
@@ -137,9 +140,10 @@ def _interleaved_medians_us(call: Callable[[], object], configure: Callable[[int
     return {str(n): round(float(np.median(v)) / 1e3, 2) for n, v in samples.items()}
 
 
-def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict[str, str], cores: int,
-                   budget_s: float = 0.1) -> tuple[int, dict[str, dict[str, float]]]:
-    """Time each tuned static library at 1..`cores` TVM threads, in this process; more than 1 for a clear win.
+def choose_threads(builds: list[tuple[dict[str, list[int]], Path, list[str]]], dtypes: dict[str, str], cores: int,
+                   weights: dict[str, Any], budget_s: float = 0.1) -> tuple[int, dict[str, dict[str, float]]]:
+    """Time each tuned static library (shapes, path, its parameter names) at 1..`cores` TVM threads, in this
+    process, on `weights`; more than 1 for a clear win.
 
     TVM sizes its pool once, from TVM_NUM_THREADS (default: half the cores), so this sets it to `cores`
     unless the pool already runs or the user set it. Re-sizing the pool (`runtime.config_threadpool`)
@@ -154,15 +158,19 @@ def choose_threads(builds: list[tuple[dict[str, list[int]], Path]], dtypes: dict
         return 1, {}  # nothing tuned (serial kernels) or one core: more threads would only add idle workers
     tvm = require("tvm")
     relax = require("tvm.relax")
+    from rlopt.backends.tvm.params import bind_params
+
     configure = require("tvm_ffi").get_global_func("runtime.config_threadpool")
     table: dict[str, dict[str, float]] = {}
     with _pool_lock:
         previous = os.environ.get("TVM_BIND_THREADS")
         os.environ["TVM_BIND_THREADS"] = "0"
         try:
-            for shapes, path in builds:
-                main = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())["main"]
+            for shapes, path, names in builds:
+                vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+                main = vm["main"]
                 args = [tvm.runtime.tensor(np.zeros(dims, dtype=dtypes[name])) for name, dims in shapes.items()]
+                args += bind_params(tvm, vm, names, weights, tvm.cpu())
                 key = shape_label(shapes.values())
                 table[key] = _interleaved_medians_us(lambda: main(*args), configure, candidates, budget_s)
 
@@ -204,19 +212,20 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     model = onnx.load(str(onnx_path))
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
     mod, imported = _import(model, target, None, recipe_path, network)
+    mod = fold_weight_layouts(mod, weights_as_params=True)
     out_path = out_dir / f"tvm-{slug}.so"
     # LLVM code generation and linking run outside the GIL: libraries build side by side, one per core
     pool = ThreadPoolExecutor(max_workers=max(1, min(4, int(target_dict.get("num-cores") or 1))))
     try:
         return _build_all(pool, mod, imported, model, target, target_dict, config, out_dir, out_path, slug,
-                          recipe_path, network, spec)
+                          recipe_path, network, spec, onnx_path.name)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], model: Any, target: Any,
                target_dict: dict[str, Any], config: TvmConfig, out_dir: Path, out_path: Path, slug: str,
-               recipe_path: Path, network: str, spec: NetworkSpec | None) -> StageOutput:
+               recipe_path: Path, network: str, spec: NetworkSpec | None, onnx_name: str) -> StageOutput:
     tvm = require("tvm")
     from rlopt.manifest import file_record
     from rlopt.backends.tvm.database import (Workload, apply_database, choose_database, database_dir, file_slug,
@@ -224,12 +233,14 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
     from rlopt.backends.tvm.tuning import tune_workloads
 
     dynamic = pool.submit(_compile, mod, target, out_path, recipe_path, network)
-    facts: dict[str, Any] = {"target": target_dict, "cpu_features": required_cpu_features(target_dict),
+    weights = imported.pop("params")
+    facts: dict[str, Any] = {"param_names": list(weights), "target": target_dict, "cpu_features": required_cpu_features(target_dict),
                              "tuned": False, "fused_kernels": imported["fused_kernels"],
                              "shape_comparisons_tensorized": imported["shape_comparisons_tensorized"],
                              "pipeline": PIPELINE, "tvm": tvm.__version__}
     if spec is None:
         dynamic.result()
+        facts["params"] = _write_params(out_dir, slug, weights, onnx_name, recipe_path, network)
         return StageOutput(out_path, facts)
 
     workloads = [Workload(network, points, shapes, model) for points, shapes in profile_shapes(spec)]
@@ -247,24 +258,28 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         if database is not None:
             static = apply_database(static, target, database)
         tuned, untuned = kernel_split(static)
-        static = fold_weight_layouts(static)
+        static = fold_weight_layouts(static, weights_as_params=True)
         path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
         _compile(static, target, path, recipe_path, network)
         return {"points": workload.points, "shapes": workload.shapes, "output_shapes": output_shapes(static),
-                "tuned_kernels": tuned, "untuned_kernels": untuned,
-                "ifs_folded": static_facts.get("ifs_folded", 0)}, path
+                "tuned_kernels": tuned, "untuned_kernels": untuned, "param_names": list(static_facts["params"]),
+                "ifs_folded": static_facts.get("ifs_folded", 0), "weights": static_facts["params"]}, path
 
     statics = [pool.submit(build_static, workload) for workload in workloads]
     done = [future.result() for future in statics]
     dynamic.result()
     builds = [build for build, _ in done]
-    libraries = [(workload.shapes, path) for workload, (_, path) in zip(workloads, done)]
-    for build, (_, path) in zip(builds, libraries):
+    for build in builds:
+        weights = _merge_weights(weights, build.pop("weights"), recipe_path, network)
+    facts["params"] = _write_params(out_dir, slug, weights, onnx_name, recipe_path, network)
+    libraries = [(workload.shapes, path, build["param_names"]) for workload, build, (_, path)
+                 in zip(workloads, builds, done)]
+    for build, (_, path, _) in zip(builds, libraries):
         build["file"] = file_record(out_dir.parent, path).model_dump()
     # untuned kernels run serially (no parallel loops), so only tuned libraries say what threads are worth
     tuned_libraries = [lib for lib, build in zip(libraries, builds) if build["tuned_kernels"]]
     threads, thread_table = choose_threads(tuned_libraries, {n: s.dtype for n, s in spec.inputs.items()},
-                                           int(target_dict.get("num-cores") or 1))
+                                           int(target_dict.get("num-cores") or 1), weights)
     missing = [f"{b['points'][0]} {file_slug(b['shapes'])}" for b in builds if b["untuned_kernels"]]
     facts.update({
         "tuned": any(b["tuned_kernels"] for b in builds), "shape_builds": builds,
@@ -279,3 +294,28 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                               else "")),
     })
     return StageOutput(out_path, facts)
+
+
+def _merge_weights(known: dict[str, Any], more: dict[str, Any], recipe_path: Path, network: str) -> dict[str, Any]:
+    """One params file serves every library: a name two libraries share must hold the same array."""
+    import numpy as np
+
+    merged = dict(known)
+    for name, array in more.items():
+        if name in merged and not np.array_equal(merged[name], array):
+            raise StageError(located(recipe_path, f"networks.{network}", f"TVM libraries disagree on weight "
+                                     f"'{name}' (two If branches share a name)", "drop tvm from backends"))
+        merged[name] = array
+    return merged
+
+
+def _write_params(out_dir: Path, slug: str, weights: dict[str, Any], onnx_name: str, recipe_path: Path,
+                  network: str) -> dict[str, Any]:
+    """The params file beside the libraries and its facts (file record, source ONNX, names)."""
+    from rlopt.manifest import file_record
+    from rlopt.backends.tvm.params import write_params
+
+    path = out_dir / f"tvm-{slug}.params.npz"
+    write_params(path, weights)
+    return {"file": file_record(out_dir.parent, path).model_dump(), "onnx": onnx_name,
+            "padded": onnx_name == "model.padded.onnx", "names": list(weights)}

@@ -113,10 +113,11 @@ def _swap(args: tuple[Any, ...], reads: tuple[tuple[int, int], ...], replaced: d
     return swapped
 
 
-def record_chain(vm: Any, staging: list[tuple[np.ndarray, Any]],
-                 from_dlpack: Callable[..., Any]) -> tuple[KernelChain | None, list[np.ndarray]]:
-    """Run `vm` once on the staged inputs, watching every call; the chain (None when the VM did anything a replay
-    cannot repeat) and this call's outputs."""
+def record_chain(vm: Any, staging: list[tuple[np.ndarray, Any]], from_dlpack: Callable[..., Any],
+                 params: list[Any] | tuple[Any, ...] = ()) -> tuple[KernelChain | None, list[np.ndarray]]:
+    """Run `vm` once on the staged inputs (then `params`, the library's transformed weights), watching every call;
+    the chain (None when the VM did anything a replay cannot repeat) and this call's outputs. The chain's kernels
+    keep reading the weight tensors they were recorded with."""
     trace: list[tuple[str, Any, tuple[Any, ...]]] = []
 
     def watch(function: Any, symbol: str, before_run: bool, _result: Any, *args: Any) -> int:
@@ -126,7 +127,7 @@ def record_chain(vm: Any, staging: list[tuple[np.ndarray, Any]],
 
     vm.set_instrument(watch)
     inputs = [tensor for _, tensor in staging]
-    outputs = flatten_outputs(vm["main"](*inputs))
+    outputs = flatten_outputs(vm["main"](*inputs, *params))
     results = [np.from_dlpack(t).copy() for t in outputs]
     if not all(hasattr(t, "data_ptr") for t in outputs):
         return None, results

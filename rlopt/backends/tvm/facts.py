@@ -20,11 +20,21 @@ class ShapeBuild(Facts):
     tuned_kernels: list[str] = Field(default_factory=list)
     untuned_kernels: list[str] = Field(default_factory=list)
     ifs_folded: int = 0
+    param_names: list[str] = Field(default_factory=list, description="the weights its main takes, in order")
     file: FileRef | None = Field(None, description="the library, next to the dynamic one")
 
     def key(self, input_names: list[str]) -> ShapeKey:
         """The input shapes in input order: how the runner and `auto` key a shape."""
         return tuple(tuple(int(d) for d in self.shapes[name]) for name in input_names)
+
+
+class TvmParams(Facts):
+    """The weights the libraries take as parameters: what refit rewrites instead of rebuilding."""
+
+    file: FileRef = Field(description="the params file (.npz keyed by initializer name), next to the libraries")
+    onnx: str = Field(description="the ONNX file the libraries were built from (model.onnx or model.padded.onnx)")
+    padded: bool = Field(False, description="built from the pad_gemm copy: refit reads the padded graph")
+    names: list[str] = Field(default_factory=list, description="initializer names in the file, in order")
 
 
 class TvmFacts(ArtifactFacts):
@@ -34,6 +44,8 @@ class TvmFacts(ArtifactFacts):
     cpu_features: list[str] = Field(default_factory=list, description="ISA features the generated code needs")
     num_threads: int | None = Field(None, description="TVM threads, chosen by measurement at compile time")
     shape_builds: list[ShapeBuild] = Field(default_factory=list)
+    params: TvmParams | None = Field(None, description="None: the weights are baked in (cannot be refitted)")
+    param_names: list[str] = Field(default_factory=list, description="the dynamic library's weights, in order")
     tuned: bool | None = None
     tuning_summary: str | None = None
     fused_kernels: list[str] = Field(default_factory=list)
@@ -55,7 +67,8 @@ class TvmFacts(ArtifactFacts):
         return [build.file for build in self.shape_builds if build.file is not None]
 
     def companion_files(self) -> list[FileRef]:
-        return self.bucket_files()
+        """Everything loaded with the dynamic library: per-shape libraries and the params file."""
+        return self.bucket_files() + ([self.params.file] if self.params is not None else [])
 
 
-__all__ = ["ShapeBuild", "ShapeKey", "TvmFacts"]
+__all__ = ["ShapeBuild", "ShapeKey", "TvmFacts", "TvmParams"]

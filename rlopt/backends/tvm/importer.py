@@ -289,16 +289,11 @@ def check_supported(onnx_model: Any) -> None:
         raise BackendUnavailable(f"tvm: Relax ONNX frontend has no converter for {missing[0]}{more}")
 
 
-def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None) -> tuple[Any, dict[str, Any]]:
-    """A fused Relax IRModule (dynamic when `shapes` is None, else static at `shapes`) and import facts.
+def prepare_onnx(onnx_model: Any, shapes: Shapes | None = None) -> tuple[Any, dict[str, Any]]:
+    """A copy of `onnx_model` rewritten for import (shape comparisons, static Ifs, Gemm weights, dead nodes).
 
-    `onnx_model` is not modified.
-    """
+    Deterministic, so refit rebuilds the same initializers from a graph with new weights."""
     onnx = require("onnx")
-    relax = require("tvm.relax")
-    from_onnx = require("tvm.relax.frontend.onnx").from_onnx
-
-    check_supported(onnx_model)
     model = onnx.ModelProto()
     model.CopyFrom(onnx_model)
     facts: dict[str, Any] = {"shape_comparisons_tensorized": tensorize_shape_comparisons(model)}
@@ -306,27 +301,89 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None) -> 
         facts["ifs_folded"] = fold_static_ifs(model, shapes)
     pretranspose_gemm_weights(model)
     drop_dead_nodes(model.graph)
-    mod = from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=False)
+    return model, facts
+
+
+def split_weights(model: Any) -> dict[str, np.ndarray]:
+    """The floating-point initializers (the weights), in graph order; every other initializer becomes a Constant
+    node of `model`, so shape data stays baked into the code and only weights become parameters."""
+    from onnx import helper, numpy_helper
+
+    weights: dict[str, np.ndarray] = {}
+    baked = []
+    for init in list(model.graph.initializer):
+        array = numpy_helper.to_array(init)
+        if np.issubdtype(array.dtype, np.floating):
+            weights[init.name] = array
+        else:
+            baked.append(helper.make_node("Constant", [], [init.name], value=init))
+            model.graph.initializer.remove(init)
+    if baked:
+        nodes = baked + list(model.graph.node)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return weights
+
+
+def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *,
+                 weights_as_params: bool = False) -> tuple[Any, dict[str, Any]]:
+    """A fused Relax IRModule (dynamic when `shapes` is None, else static at `shapes`) and import facts.
+
+    With `weights_as_params`, `main` takes the weights after the inputs and facts["params"] holds them (name ->
+    array, in that order) for the caller to store; the kernels are the same as with baked weights, so tuning
+    records apply to both. `onnx_model` is not modified.
+    """
+    relax = require("tvm.relax")
+    from_onnx = require("tvm.relax.frontend.onnx").from_onnx
+
+    check_supported(onnx_model)
+    model, facts = prepare_onnx(onnx_model, shapes)
+    if weights_as_params:
+        facts["params"] = split_weights(model)
+    mod = from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=weights_as_params)
+    if weights_as_params:
+        mod, _ = relax.frontend.detach_params(mod)  # the values stay out of the library
     mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
     # tanh/exp/erf lower to scalar libm calls per element (tanh was ~60% of the tuned value head at
     # [8,16,768]); the fast forms vectorize, differ by ~3e-7 here, and the parity gate checks them anyway
     mod = relax.transform.FastMathTransform()(mod)
     facts["fast_math"] = True
     with _LEGALIZE_LOCK, target:
-        mod = relax.get_pipeline("zero")(mod)
+        mod = _fused_with_params(mod) if weights_as_params else relax.get_pipeline("zero")(mod)
     if shapes is not None:
         # weights may be re-laid-out by a tuned schedule (packed tiles): 52 vs 75 us for the tuned default
-        # policy at [4,8,768]; `fold_weight_layouts` applies the new layout to the constants at build time
+        # policy at [4,8,768]; baked weights (constants) and parameters after `num_input` are both layout-free
         mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
         facts["weight_prepack"] = True
     facts["fused_kernels"] = fused_kernels(mod)
     return mod, facts
 
 
-def fold_weight_layouts(mod: Any) -> Any:
+def _fused_with_params(mod: Any) -> Any:
+    """The "zero" pipeline, with what is computed from weights alone (a Conv bias reshaped, ...) lifted out of
+    `main` into PREPARE before fusion. Baked weights get that folded into constants; lifting it leaves `main`
+    with the same kernels, so tuning records made on either apply to both (a bias reshape fused into a conv
+    kernel would be a new workload: the Atari CNN's three convs lost their records that way)."""
+    from rlopt.backends.tvm.params import PREPARE
+
+    tvm = require("tvm")
+    relax = require("tvm.relax")
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FoldConstant(), relax.transform.LiftTransformParams()])(mod)
+    lifted = mod.get_global_var("main_transform_params")
+    functions = {gv: func for gv, func in mod.functions_items() if not gv.same_as(lifted)}
+    # no num_input: the pre-packing lift (fold_weight_layouts) must leave this function alone
+    functions[tvm.ir.GlobalVar(PREPARE)] = mod[lifted].with_attr("global_symbol", PREPARE).without_attr("num_input")
+    mod = tvm.IRModule(functions, attrs=mod.attrs)
+    return tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+
+
+def fold_weight_layouts(mod: Any, weights_as_params: bool = False) -> Any:
     """After a tuning database is applied: split each kernel's weight-layout rewrite into its own function and
-    run it on the constant weights now (FoldConstant), so calls read pre-packed weights and never re-pack."""
+    run it on the constant weights now (FoldConstant), or with weights as parameters lift it, with anything
+    else computed from weights alone, into `main_transform_params`, run once on the weights when a library is
+    opened; either way calls read pre-packed weights and never re-pack."""
     relax = require("tvm.relax")
     mod = relax.transform.SplitLayoutRewritePreproc()(mod)
-    mod = relax.transform.FoldConstant()(mod)
+    mod = relax.transform.LiftTransformParams()(mod) if weights_as_params else relax.transform.FoldConstant()(mod)
     return relax.transform.DeadCodeElimination()(mod)

@@ -23,7 +23,7 @@ from rlopt.backends.tvm import chain as _chain
 from rlopt.backends.tvm.chain import ALIGNMENT, KernelChain, record_chain
 from rlopt.backends.tvm.facts import ShapeKey, TvmFacts
 from rlopt.backends.tvm.padding import PaddedBucket, PaddedCall, padding_plan
-from rlopt.errors import ArtifactError, BackendUnavailable, located
+from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.facts import FileRef
 from rlopt.lazy import require
 from rlopt.backends.base import flatten_outputs
@@ -31,8 +31,9 @@ from rlopt.machine import usable_cores
 
 
 def bucket_files(facts: TvmFacts | Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The per-shape libraries a TVM artifact lists in its facts (each a dict with path, sha256, bytes)."""
-    return [ref.as_dict() for ref in TvmFacts.of(facts).bucket_files()]
+    """The files a TVM artifact lists in its facts beside the dynamic library (per-shape libraries, params file),
+    each a dict with path, sha256, bytes."""
+    return [ref.as_dict() for ref in TvmFacts.of(facts).companion_files()]
 
 
 def checked_sibling(primary: Path, record: FileRef) -> Path:
@@ -48,6 +49,14 @@ def checked_sibling(primary: Path, record: FileRef) -> Path:
         raise ArtifactError(located(path, "sha256", "does not match manifest.json (corrupt or modified)",
                                     "recompile MODEL_DIR"))
     return path
+
+
+def _with_params(main: Any, params: list[Any]) -> Any:
+    """`main` with the library's weights bound after the inputs (`main` itself when they are baked in)."""
+    if not params:
+        return main
+    bound = tuple(params)
+    return lambda *inputs: main(*inputs, *bound)
 
 
 @dataclass
@@ -115,12 +124,15 @@ class TvmRunner(Runner):
         self.input_names = input_names
         self.on_cpu = facts.on_cpu
         self._libraries: dict[ShapeKey | None, Any] = {None: self._load(path)}
+        names: dict[ShapeKey | None, list[str]] = {None: facts.param_names}
         if dispatch:
             for build in facts.shape_builds:
                 if build.file is None:
                     raise ArtifactError(located(path, "facts.shape_builds", "a shape build lists no library file",
                                                 "recompile MODEL_DIR"))
                 self._libraries[build.key(input_names)] = self._load(checked_sibling(path, build.file))
+                names[build.key(input_names)] = build.param_names
+        self._params = self._bind_params(path, facts, names)
         self.padding = padding_plan(facts.shape_builds, input_names) if self.on_cpu and dispatch else None
         self.pads = self.padding is not None and facts.gate_passed("padded")
         self._local = threading.local()
@@ -132,6 +144,23 @@ class TvmRunner(Runner):
             raise ArtifactError(located(path, "", f"TVM cannot load it ({str(exc).splitlines()[0]})",
                                         "recompile MODEL_DIR")) from None
 
+    def _bind_params(self, path: Path, facts: TvmFacts, names: dict[ShapeKey | None, list[str]]
+                     ) -> dict[ShapeKey | None, list[Any]]:
+        """Each library's transformed weights (its `main` arguments after the inputs), made once here and shared
+        by every thread; none for libraries with the weights baked in."""
+        from rlopt.backends.tvm.params import bind_params, read_params
+
+        if facts.params is None:
+            return {key: [] for key in self._libraries}
+        params_path = checked_sibling(path, facts.params.file)
+        try:
+            weights = read_params(params_path)
+            return {key: bind_params(self.tvm, self._relax.VirtualMachine(lib, self.device), names[key], weights,
+                                     self.device) for key, lib in self._libraries.items()}
+        except Exception as exc:  # a bad file or a library that disagrees with it: numpy, zipfile and TVM errors
+            raise ArtifactError(located(params_path, "", f"TVM weights do not load ({first_line(exc)})",
+                                        "recompile MODEL_DIR")) from None
+
     @property
     def shape_buckets(self) -> list[ShapeKey]:
         return [key for key in self._libraries if key is not None]
@@ -140,7 +169,7 @@ class TvmRunner(Runner):
         state = self._local
         if not hasattr(state, "plans"):
             state.vms = {key: self._relax.VirtualMachine(lib, self.device) for key, lib in self._libraries.items()}
-            state.functions = {key: vm["main"] for key, vm in state.vms.items()}
+            state.functions = {key: _with_params(vm["main"], self._params[key]) for key, vm in state.vms.items()}
             state.plans = {}
             state.dynamic_plans = {}
             state.padded_plans = {}
@@ -168,7 +197,7 @@ class TvmRunner(Runner):
             for (buffer, _), array in zip(staging, arrays):
                 np.copyto(buffer, array)
             vm = self._relax.VirtualMachine(self._libraries[bucket], self.device)
-            chain, results = record_chain(vm, staging, self.from_dlpack)
+            chain, results = record_chain(vm, staging, self.from_dlpack, self._params[bucket])
             # a refused chain still computed this call's outputs; the VM serves the calls after it
             plans[key] = chain if chain is not None else VmCall(
                 state.functions[bucket], [st if fits else None for st, fits in zip(staging, small)], small, self)
@@ -195,7 +224,7 @@ class TvmRunner(Runner):
             for buffer, _ in staging:
                 buffer.fill(0)
             chain, _ = record_chain(self._relax.VirtualMachine(self._libraries[target], self.device), staging,
-                                    self.from_dlpack)
+                                    self.from_dlpack, self._params[target])
             state.padded_buckets[target] = None if chain is None else PaddedBucket(chain)
         bucket = state.padded_buckets[target]
         return None if bucket is None else PaddedCall(bucket, shapes, self.padding.cuts(shapes))
@@ -248,4 +277,5 @@ class TvmRunner(Runner):
 
     def close(self) -> None:
         self._libraries = {}
+        self._params = {}
         self._local = threading.local()

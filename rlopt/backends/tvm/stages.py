@@ -56,11 +56,11 @@ class TvmCudaBuild(_TvmStage):
 
 
 class TvmBuild(_TvmStage):
-    """The dynamic library (the artifact) and one tuned static library per named shape; TVM bakes the weights."""
+    """The dynamic library (the artifact), one tuned static library per named shape, and the params file they take."""
 
     cached, machine_dependent = True, True
     helpers = ("rlopt.backends.tvm.build", "rlopt.backends.tvm.importer", "rlopt.backends.tvm.database",
-               "rlopt.backends.tvm.cpu_features")
+               "rlopt.backends.tvm.cpu_features", "rlopt.backends.tvm.params")
 
     def applies(self, ctx: Context) -> bool:
         return not _is_cuda(ctx)
