@@ -6,18 +6,23 @@ state is checked over every recorded step with the backend's own state fed back 
 
 from __future__ import annotations
 
+import math
+import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from rlopt.backends import open_runner
+from rlopt.backends import Runner, open_runner, unavailable_reason
 from rlopt.backends.tvm.runner import bucket_files
 from rlopt.compile.stage import Context, Stage, StageOutput
-from rlopt.errors import BackendUnavailable
-from rlopt.manifest import BackendRecord, Latency, file_record, sha256_file
+from rlopt.errors import BackendUnavailable, first_line
+from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
+from rlopt.runtime import Session, ranked_backends, unbucketed_p50, unbucketed_variant
+from rlopt.runtime.routes import OTHER, RouteChoice, Table, choose_route
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
 
@@ -75,18 +80,6 @@ class VerifyBackend(Stage):
         return ("ok" if record.parity.passed else "FAILED") + f" max_abs {record.parity.max_abs:.2e}" + \
             (f"; {latency}" if latency else "")
 
-    def quiet_latencies(self, ctx: Context, facts: dict[str, Any]) -> dict[str, float]:
-        """ONNX Runtime's p50 per point with its pool not spinning between calls: what `auto` gets when ORT shares
-        the process with another backend (spinning, an ORT-routed call made the next TVM call 11.7 ms, not 0.2)."""
-        assert self.output.artifact is not None
-        runner = open_runner("onnxruntime", self.output.artifact, list(ctx.spec.inputs),
-                             {**facts, "allow_spinning": False})
-        try:
-            return {point: round(stats.p50_us, 2) for point, stats in
-                    time_points(runner.infer, ctx.reference, ctx.reference.points, budget_s=0.1).items()}
-        finally:
-            runner.close()
-
     def measure(self, ctx: Context) -> tuple[BackendRecord, str | None]:
         backend, output, tol, spec, reference = self.backend, self.output, self.tol, ctx.spec, ctx.reference
         assert output.artifact is not None
@@ -119,8 +112,6 @@ class VerifyBackend(Stage):
                 point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
                                iterations=stats.iterations)
                 for point, stats in time_points(runner.infer, reference, reference.points, budget_s=0.3).items()}
-            if backend == "onnxruntime":
-                base.facts["latency_without_spinning_us"] = self.quiet_latencies(ctx, facts)
         finally:
             runner.close()
         return base, None
@@ -134,4 +125,147 @@ def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[Backe
     return record, out.facts["failure"]
 
 
-__all__ = ["VerifyBackend", "backend_record", "time_points"]
+ROUNDS = 5
+CELL_BUDGET_S = 0.01  # timed calls per (backend, shape) block: about this long, 3 to 50 calls
+SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
+Call = Callable[[], object]
+
+
+def named_shapes(record: NetworkRecord, reference: Reference) -> dict[str, str]:
+    """Shape label -> the first reference point with that shape, in point order."""
+    labels: dict[str, str] = {}
+    for point in reference.points:
+        shape = reference.shape(point)
+        labels.setdefault(shape_label(shape[n] for n in record.inputs), point)
+    return labels
+
+
+def has_other_shapes(record: NetworkRecord, named: int) -> bool:
+    """Whether the profile's [min, max] holds shapes beyond the `named` ones."""
+    count = math.prod(hi - lo + 1 for p in record.inputs.values() for lo, hi in zip(p.min, p.max))
+    return count > named
+
+
+def _calls(runner: Runner, name: str, record: NetworkRecord, reference: Reference,
+           labels: dict[str, str]) -> dict[str, Call]:
+    """A call per shape label through a Session (the runtime's own path, bound calls included); OTHER is the path
+    that serves shapes without their own build, at opt."""
+    session = Session({name: runner}, {}, name, name, record)
+    calls: dict[str, Call] = {label: (lambda f=reference.feeds(p, 0): session.run(f)) for label, p in labels.items()
+                              if label != OTHER}
+    if OTHER in labels:
+        feeds = reference.feeds(labels[OTHER], 0)
+        variant = unbucketed_variant(record.artifacts[name].facts)
+        infer = {**runner.parity_variants(), **runner.gated_variants()}.get(variant) if variant else None
+        calls[OTHER] = (lambda: infer(feeds)) if infer is not None else (lambda: session.run(feeds))
+    return calls
+
+
+def _block_median(call: Call, count: int) -> float:
+    call()
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter_ns()
+        call()
+        samples.append(time.perf_counter_ns() - start)
+    return float(np.median(samples)) / 1e3
+
+
+def interleaved_medians(configurations: dict[str, dict[tuple[str, str], Call]], rounds: int = ROUNDS,
+                        seed: int = 0) -> dict[str, dict[tuple[str, str], float]]:
+    """Per configuration and (backend, shape) cell: the median over `rounds` of each round's block median.
+
+    Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
+    mixed configuration, calls switch backends as a mixed session's do)."""
+    rng = random.Random(seed)
+    counts: dict[tuple[str, tuple[str, str]], int] = {}
+    for config, cells in configurations.items():
+        for cell, call in cells.items():
+            counts[config, cell] = int(min(50, max(3, CELL_BUDGET_S * 1e6 / max(_block_median(call, 3), 1.0))))
+    medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
+                                                             for c, cells in configurations.items()}
+    for _ in range(rounds):
+        for config in rng.sample(list(configurations), len(configurations)):
+            cells = configurations[config]
+            for cell in rng.sample(list(cells), len(cells)):
+                medians[config][cell].append(_block_median(cells[cell], counts[config, cell]))
+            time.sleep(SETTLE_S)
+    return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in medians.items()}
+
+
+def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str],
+                           labels: dict[str, str]) -> tuple[Table, Table]:
+    """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
+    process, ONNX Runtime not spinning, cells interleaved): median us per shape label."""
+    opened: list[Runner] = []
+
+    def open_one(name: str, **update: Any) -> Runner:
+        artifact = record.artifacts[name]
+        assert artifact.path is not None
+        opened.append(open_runner(name, ctx.staging / artifact.path, list(record.inputs),
+                                  {**artifact.facts, **update}))
+        return opened[-1]
+
+    try:
+        alone = {b: open_one(b) for b in candidates}
+        together = {b: open_one(b, allow_spinning=False) if b == "onnxruntime" else alone[b] for b in candidates}
+        configurations = {f"alone {b}": {(b, label): call for label, call in
+                                         _calls(alone[b], b, record, ctx.reference, labels).items()}
+                          for b in candidates}
+        configurations["together"] = {(b, label): call for b in candidates for label, call in
+                                      _calls(together[b], b, record, ctx.reference, labels).items()}
+        medians = interleaved_medians(configurations)
+    finally:
+        for runner in opened:
+            runner.close()
+    alone_us = {b: {label: round(medians[f"alone {b}"][b, label], 2) for label in labels} for b in candidates}
+    together_us = {b: {label: round(medians["together"][b, label], 2) for label in labels} for b in candidates}
+    return alone_us, together_us
+
+
+class ChooseAuto(Stage):
+    """`auto`'s route, from latencies measured in the configurations a session can run (`choose_route`); the
+    runtime loads exactly what is recorded (`rlopt.runtime.recorded_plan`)."""
+
+    name = "auto"
+
+    def __init__(self, record: NetworkRecord) -> None:
+        self.record = record
+        self.choice: RouteChoice | None = None
+
+    def run(self, ctx: Context) -> StageOutput:
+        record = self.record
+        verified = ranked_backends(record)
+        candidates = [b for b in verified if unavailable_reason(b, record.artifacts[b].facts) is None]
+        named = named_shapes(record, ctx.reference)
+        labels = named | ({OTHER: next((p for p in named.values() if p == "opt"), next(iter(named.values())))}
+                          if has_other_shapes(record, len(named)) else {})
+        recorded = {b: {label: record.artifacts[b].latency_us[p].p50 for label, p in labels.items()
+                        if label != OTHER and p in record.artifacts[b].latency_us} for b in candidates}
+        for b in candidates:
+            if OTHER in labels and math.isfinite(unbucketed_p50(record.artifacts[b])):
+                recorded[b][OTHER] = unbucketed_p50(record.artifacts[b])
+        alone: Table = recorded
+        together: Table | None = None
+        why = "; ".join(f"{b} cannot run here" for b in verified if b not in candidates)
+        if len(candidates) > 1 and not why:
+            try:
+                alone, together = measure_configurations(ctx, record, candidates, labels)
+            except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
+                why = f"measuring failed: {first_line(exc)}"
+        self.choice = choice = choose_route(alone, together, list(labels), candidates, why)
+        routes = {label: choice.per_point[label] for label in named}
+        fallback = choice.per_point.get(OTHER, choice.per_point[next(iter(named))])
+        auto = {"mixed": choice.mixed, "reason": choice.reason, "rounds": ROUNDS if together else 0,
+                "alone_us": {b: dict(t) for b, t in alone.items()},
+                "together_us": {b: dict(t) for b, t in (together or {}).items()}}
+        return StageOutput(None, {"auto_routes": routes | {OTHER: fallback},
+                                  "auto_onnxruntime_spinning": choice.onnxruntime_spinning,
+                                  "auto_choice": auto, "selected": choice.single})
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        return str(out.facts["auto_choice"]["reason"])
+
+
+__all__ = ["ChooseAuto", "VerifyBackend", "backend_record", "interleaved_medians", "measure_configurations",
+           "named_shapes", "time_points"]

@@ -1,0 +1,67 @@
+"""The runtime loads exactly the `auto` configuration compile measured and recorded; compile records why."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+import rlopt
+from rlopt.compile.measure import interleaved_medians
+from rlopt.facts import NetworkFacts
+from rlopt.manifest import Manifest, write_json
+
+SPIN_KEY = "session.intra_op.allow_spinning"
+
+
+def _ort_spins(session: rlopt.Session) -> bool:
+    options = session._gen.runners["onnxruntime"]._session.get_session_options()
+    try:
+        return options.get_session_config_entry(SPIN_KEY) != "0"
+    except RuntimeError:  # not set: ONNX Runtime's default, spinning
+        return True
+
+
+def _record_route(model_dir: Path, routes: dict[str, str], spinning: bool) -> None:
+    document = json.loads((model_dir / "manifest.json").read_text())
+    document["networks"]["policy"]["facts"].update(auto_routes=routes, auto_onnxruntime_spinning=spinning)
+    write_json(model_dir / "manifest.json", Manifest.model_validate(document).seal().model_dump(mode="json"))
+
+
+def test_compile_records_what_it_measured_and_why(tiny_compiled: Path) -> None:
+    facts = NetworkFacts.of(json.loads((tiny_compiled / "manifest.json").read_text())["networks"]["policy"]["facts"])
+    choice = facts.auto_choice
+    assert choice is not None and choice.rounds > 0 and choice.reason
+    shapes = {"1x1x32", "2x3x32", "4x6x32", "other"}
+    assert set(choice.alone_us) == set(choice.together_us) and "onnxruntime" in choice.alone_us
+    for table in (choice.alone_us, choice.together_us):
+        assert all(set(latency) == shapes and min(latency.values()) > 0 for latency in table.values())
+    used = set(facts.auto_routes.values())
+    assert choice.mixed == (len(used) > 1)
+    assert facts.auto_onnxruntime_spinning is (not choice.mixed)
+
+
+def test_a_mixed_route_runs_ort_without_spinning_and_a_single_one_with(tiny_copy: Path) -> None:
+    _record_route(tiny_copy, {"1x1x32": "tvm", "2x3x32": "onnxruntime", "4x6x32": "onnxruntime",
+                              "other": "onnxruntime"}, spinning=False)
+    mixed = rlopt.load(tiny_copy, "policy")
+    assert mixed.routes["1x1x32"] == "tvm" and mixed.routes["other"] == "onnxruntime"
+    assert not _ort_spins(mixed)
+    _record_route(tiny_copy, dict.fromkeys(["1x1x32", "2x3x32", "4x6x32", "other"], "onnxruntime"), spinning=True)
+    single = rlopt.load(tiny_copy, "policy")
+    assert set(single.routes.values()) == {"onnxruntime"} and set(single._gen.runners) == {"onnxruntime"}
+    assert _ort_spins(single)
+    assert _ort_spins(rlopt.load(tiny_copy, "policy", backend="onnxruntime"))
+
+
+def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
+    def sleeper(us: float):
+        return lambda: time.sleep(us / 1e6)
+
+    configurations = {"alone a": {("a", "s"): sleeper(200)},
+                      "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
+    medians = interleaved_medians(configurations, rounds=2)
+    assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
+    assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
+    assert 200 <= medians["alone a"]["a", "s"] < 20000
