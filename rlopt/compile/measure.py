@@ -126,8 +126,9 @@ def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[Backe
 
 
 ROUNDS = 5
-CELL_BUDGET_S = 0.01  # timed calls per (backend, shape) block: about this long, 3 to 50 calls
-SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
+CELL_BUDGET_S = 0.01  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
+SETTLE_S = 0.005
+OUTCLASSED = 2.0  # pause between configurations, so the pools of the last one stop spinning first
 Call = Callable[[], object]
 
 
@@ -162,7 +163,10 @@ def _calls(runner: Runner, name: str, record: NetworkRecord, reference: Referenc
 
 
 def _block_median(call: Call, count: int) -> float:
-    call()
+    """Median of `count` timed calls; a block of several starts with an untimed call (a single call longer than
+    a whole block's budget is not worth doubling)."""
+    if count > 1:
+        call()
     samples = []
     for _ in range(count):
         start = time.perf_counter_ns()
@@ -181,7 +185,8 @@ def interleaved_medians(configurations: dict[str, dict[tuple[str, str], Call]], 
     counts: dict[tuple[str, tuple[str, str]], int] = {}
     for config, cells in configurations.items():
         for cell, call in cells.items():
-            counts[config, cell] = int(min(50, max(3, CELL_BUDGET_S * 1e6 / max(_block_median(call, 3), 1.0))))
+            call()
+            counts[config, cell] = int(min(50, max(1, CELL_BUDGET_S * 1e6 / max(_block_median(call, 1), 1.0))))
     medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
                                                              for c, cells in configurations.items()}
     for _ in range(rounds):
@@ -223,6 +228,14 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
     return alone_us, together_us
 
 
+def outclassed(recorded: Table, backend: str, named: dict[str, str]) -> bool:
+    """Whether `backend` timed over OUTCLASSED times another's latency at every named shape (compile's verify
+    timings): it would win no shape, so the rounds that time every candidate skip it."""
+    return any(other != backend and all(
+        label in recorded[other] and recorded[backend].get(label, math.inf) > OUTCLASSED * recorded[other][label]
+        for label in named) for other in recorded)
+
+
 class ChooseAuto(Stage):
     """`auto`'s route, from latencies measured in the configurations a session can run (`choose_route`); the
     runtime loads exactly what is recorded (`rlopt.runtime.recorded_plan`)."""
@@ -248,12 +261,15 @@ class ChooseAuto(Stage):
         alone: Table = recorded
         together: Table | None = None
         why = "; ".join(f"{b} cannot run here" for b in verified if b not in candidates)
-        if len(candidates) > 1 and not why:
+        contenders = [b for b in candidates if not outclassed(recorded, b, named)]
+        if len(contenders) == 1 < len(candidates) and not why:
+            why = f"{', '.join(b for b in candidates if b not in contenders)} over {OUTCLASSED:g}x slower everywhere"
+        if len(contenders) > 1 and not why:
             try:
-                alone, together = measure_configurations(ctx, record, candidates, labels)
+                alone, together = measure_configurations(ctx, record, contenders, labels)
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 why = f"measuring failed: {first_line(exc)}"
-        self.choice = choice = choose_route(alone, together, list(labels), candidates, why)
+        self.choice = choice = choose_route(alone, together, list(labels), contenders, why)
         routes = {label: choice.per_point[label] for label in named}
         fallback = choice.per_point.get(OTHER, choice.per_point[next(iter(named))])
         auto = {"mixed": choice.mixed, "reason": choice.reason, "rounds": ROUNDS if together else 0,

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 
 import rlopt
-from rlopt.compile.measure import interleaved_medians
 from rlopt.facts import NetworkFacts
 from rlopt.manifest import Manifest, write_json
 
@@ -53,15 +51,3 @@ def test_a_mixed_route_runs_ort_without_spinning_and_a_single_one_with(tiny_copy
     assert set(single.routes.values()) == {"onnxruntime"} and set(single._gen.runners) == {"onnxruntime"}
     assert _ort_spins(single)
     assert _ort_spins(rlopt.load(tiny_copy, "policy", backend="onnxruntime"))
-
-
-def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
-    def sleeper(us: float):
-        return lambda: time.sleep(us / 1e6)
-
-    configurations = {"alone a": {("a", "s"): sleeper(200)},
-                      "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
-    medians = interleaved_medians(configurations, rounds=2)
-    assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
-    assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
-    assert 200 <= medians["alone a"]["a", "s"] < 20000

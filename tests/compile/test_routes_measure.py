@@ -1,0 +1,29 @@
+"""Compile's `auto` measurement: interleaved rounds per configuration, and which candidates it times."""
+
+from __future__ import annotations
+
+import time
+
+from rlopt.compile.measure import interleaved_medians, outclassed
+
+
+def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
+    def sleeper(us: float):
+        return lambda: time.sleep(us / 1e6)
+
+    configurations = {"alone a": {("a", "s"): sleeper(200)},
+                      "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
+    medians = interleaved_medians(configurations, rounds=2)
+    assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
+    assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
+    assert 200 <= medians["alone a"]["a", "s"] < 20000
+
+
+def test_a_backend_over_twice_as_slow_at_every_shape_is_not_timed() -> None:
+    named = {"1x17": "min", "64x17": "max"}
+    recorded = {"onnxruntime": {"1x17": 10.0, "64x17": 25.0, "other": 16.0},
+                "tvm": {"1x17": 7.0, "64x17": 190.0, "other": 900.0},
+                "torchscript": {"1x17": 30.0, "64x17": 52.0}}
+    assert outclassed(recorded, "torchscript", named), "3x and 2.1x ONNX Runtime"
+    assert not outclassed(recorded, "tvm", named), "fastest at 1x17"
+    assert not outclassed(recorded, "onnxruntime", named)
