@@ -251,8 +251,8 @@ class ChooseAuto(Stage):
         verified = ranked_backends(record)
         candidates = [b for b in verified if unavailable_reason(b, record.artifacts[b].facts) is None]
         named = named_shapes(record, ctx.reference)
-        labels = named | ({OTHER: next((p for p in named.values() if p == "opt"), next(iter(named.values())))}
-                          if has_other_shapes(record, len(named)) else {})
+        at_opt = next((label for label, p in named.items() if p == "opt"), next(iter(named)))
+        labels = named | ({OTHER: named[at_opt]} if has_other_shapes(record, len(named)) else {})
         recorded = {b: {label: record.artifacts[b].latency_us[p].p50 for label, p in labels.items()
                         if label != OTHER and p in record.artifacts[b].latency_us} for b in candidates}
         for b in candidates:
@@ -277,7 +277,7 @@ class ChooseAuto(Stage):
                 "together_us": {b: dict(t) for b, t in (together or {}).items()}}
         return StageOutput(None, {"auto_routes": routes | {OTHER: fallback},
                                   "auto_onnxruntime_spinning": choice.onnxruntime_spinning,
-                                  "auto_choice": auto, "selected": choice.single})
+                                  "auto_choice": auto, "selected": choice.per_point[at_opt]})
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
         return str(out.facts["auto_choice"]["reason"])

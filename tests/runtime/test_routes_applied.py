@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from pathlib import Path
 
 
 import rlopt
+from rlopt.compile.measure import measure_configurations, named_shapes
 from rlopt.facts import NetworkFacts
-from rlopt.manifest import Manifest, write_json
+from rlopt.manifest import Manifest, read_manifest, write_json
+from rlopt.tools.bench.candidates import load_reference
 
 SPIN_KEY = "session.intra_op.allow_spinning"
 
@@ -27,17 +30,31 @@ def _record_route(model_dir: Path, routes: dict[str, str], spinning: bool) -> No
     write_json(model_dir / "manifest.json", Manifest.model_validate(document).seal().model_dump(mode="json"))
 
 
-def test_compile_records_what_it_measured_and_why(tiny_compiled: Path) -> None:
-    facts = NetworkFacts.of(json.loads((tiny_compiled / "manifest.json").read_text())["networks"]["policy"]["facts"])
+def test_compile_records_what_it_chose_and_why(tiny_compiled: Path) -> None:
+    record = read_manifest(tiny_compiled).networks["policy"]
+    facts = NetworkFacts.of(record.facts)
     choice = facts.auto_choice
-    assert choice is not None and choice.rounds > 0 and choice.reason
+    assert choice is not None and choice.reason
     shapes = {"1x1x32", "2x3x32", "4x6x32", "other"}
-    assert set(choice.alone_us) == set(choice.together_us) and "onnxruntime" in choice.alone_us
-    for table in (choice.alone_us, choice.together_us):
-        assert all(set(latency) == shapes and min(latency.values()) > 0 for latency in table.values())
-    used = set(facts.auto_routes.values())
-    assert choice.mixed == (len(used) > 1)
+    tables = [choice.alone_us, choice.together_us] if choice.rounds else [choice.alone_us]
+    for table in tables:
+        assert table and all(set(latency) == shapes and min(latency.values()) > 0 for latency in table.values())
+    if not choice.rounds:
+        assert "not measured" in choice.reason and not choice.together_us
+    assert choice.mixed == (len(set(facts.auto_routes.values())) > 1)
     assert facts.auto_onnxruntime_spinning is (not choice.mixed)
+    assert record.selected == facts.auto_routes["2x3x32"], "selected: what auto runs at opt"
+
+
+def test_every_candidate_is_timed_alone_and_together_at_every_shape(tiny_compiled: Path) -> None:
+    record = read_manifest(tiny_compiled).networks["policy"]
+    ctx = SimpleNamespace(staging=tiny_compiled, reference=load_reference(tiny_compiled, record))
+    labels = named_shapes(record, ctx.reference) | {"other": "opt"}
+    alone, together = measure_configurations(ctx, record, ["onnxruntime", "tvm"], labels)  # type: ignore[arg-type]
+    for table in (alone, together):
+        assert set(table) == {"onnxruntime", "tvm"}
+        assert all(set(t) == set(labels) and 0 < min(t.values()) < 1e6 for t in table.values())
+    assert set(labels) == {"1x1x32", "2x3x32", "4x6x32", "other"}
 
 
 def test_a_mixed_route_runs_ort_without_spinning_and_a_single_one_with(tiny_copy: Path) -> None:
