@@ -128,6 +128,7 @@ def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[Backe
 ROUNDS = 5
 CELL_BUDGET_S = 0.01  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
 SETTLE_S = 0.005
+BUDGET_S = 5.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
 OUTCLASSED = 2.0  # pause between configurations, so the pools of the last one stop spinning first
 Call = Callable[[], object]
 
@@ -176,32 +177,40 @@ def _block_median(call: Call, count: int) -> float:
 
 
 def interleaved_medians(configurations: dict[str, dict[tuple[str, str], Call]], rounds: int = ROUNDS,
-                        seed: int = 0) -> dict[str, dict[tuple[str, str], float]]:
-    """Per configuration and (backend, shape) cell: the median over `rounds` of each round's block median.
+                        seed: int = 0, estimates_us: Table | None = None,
+                        budget_s: float = BUDGET_S) -> tuple[dict[str, dict[tuple[str, str], float]], int]:
+    """Per configuration and (backend, shape) cell: the median over rounds of each round's block median, and
+    the rounds done (at least one; no round starts once `budget_s` is spent).
 
     Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
-    mixed configuration, calls switch backends as a mixed session's do)."""
+    mixed configuration, calls switch backends as a mixed session's do). `estimates_us[backend][shape]` sizes the
+    blocks (default: one timed call per cell)."""
     rng = random.Random(seed)
     counts: dict[tuple[str, tuple[str, str]], int] = {}
     for config, cells in configurations.items():
         for cell, call in cells.items():
             call()
-            counts[config, cell] = int(min(50, max(1, CELL_BUDGET_S * 1e6 / max(_block_median(call, 1), 1.0))))
+            call()  # a Session binds its per-thread call on the second call of a signature
+            known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
+            estimate = float(known) if known else _block_median(call, 1)
+            counts[config, cell] = int(min(50, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
     medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
                                                              for c, cells in configurations.items()}
-    for _ in range(rounds):
+    deadline, done = time.monotonic() + budget_s, 0
+    while done < rounds and (done == 0 or time.monotonic() < deadline):
         for config in rng.sample(list(configurations), len(configurations)):
             cells = configurations[config]
             for cell in rng.sample(list(cells), len(cells)):
                 medians[config][cell].append(_block_median(cells[cell], counts[config, cell]))
             time.sleep(SETTLE_S)
-    return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in medians.items()}
+        done += 1
+    return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in medians.items()}, done
 
 
-def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str],
-                           labels: dict[str, str]) -> tuple[Table, Table]:
+def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
+                           estimates_us: Table | None = None) -> tuple[Table, Table, int]:
     """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
-    process, ONNX Runtime not spinning, cells interleaved): median us per shape label."""
+    process, ONNX Runtime not spinning, cells interleaved): median us per shape label; and the rounds done."""
     opened: list[Runner] = []
 
     def open_one(name: str, **update: Any) -> Runner:
@@ -219,13 +228,13 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
                           for b in candidates}
         configurations["together"] = {(b, label): call for b in candidates for label, call in
                                       _calls(together[b], b, record, ctx.reference, labels).items()}
-        medians = interleaved_medians(configurations)
+        medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
     finally:
         for runner in opened:
             runner.close()
     alone_us = {b: {label: round(medians[f"alone {b}"][b, label], 2) for label in labels} for b in candidates}
     together_us = {b: {label: round(medians["together"][b, label], 2) for label in labels} for b in candidates}
-    return alone_us, together_us
+    return alone_us, together_us, rounds
 
 
 def outclassed(recorded: Table, backend: str, named: dict[str, str]) -> bool:
@@ -260,19 +269,20 @@ class ChooseAuto(Stage):
                 recorded[b][OTHER] = unbucketed_p50(record.artifacts[b])
         alone: Table = recorded
         together: Table | None = None
+        rounds = 0
         why = "; ".join(f"{b} cannot run here" for b in verified if b not in candidates)
         contenders = [b for b in candidates if not outclassed(recorded, b, named)]
         if len(contenders) == 1 < len(candidates) and not why:
             why = f"{', '.join(b for b in candidates if b not in contenders)} over {OUTCLASSED:g}x slower everywhere"
         if len(contenders) > 1 and not why:
             try:
-                alone, together = measure_configurations(ctx, record, contenders, labels)
+                alone, together, rounds = measure_configurations(ctx, record, contenders, labels, recorded)
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 why = f"measuring failed: {first_line(exc)}"
         self.choice = choice = choose_route(alone, together, list(labels), contenders, why)
         routes = {label: choice.per_point[label] for label in named}
         fallback = choice.per_point.get(OTHER, choice.per_point[next(iter(named))])
-        auto = {"mixed": choice.mixed, "reason": choice.reason, "rounds": ROUNDS if together else 0,
+        auto = {"mixed": choice.mixed, "reason": choice.reason, "rounds": rounds,
                 "alone_us": {b: dict(t) for b, t in alone.items()},
                 "together_us": {b: dict(t) for b, t in (together or {}).items()}}
         return StageOutput(None, {"auto_routes": routes | {OTHER: fallback},

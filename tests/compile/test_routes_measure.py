@@ -13,10 +13,14 @@ def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
 
     configurations = {"alone a": {("a", "s"): sleeper(200)},
                       "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
-    medians = interleaved_medians(configurations, rounds=2)
+    medians, rounds = interleaved_medians(configurations, rounds=3)
+    assert rounds == 3
     assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
     assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
     assert 200 <= medians["alone a"]["a", "s"] < 20000
+    slow = {"c": {("a", "s"): sleeper(20_000)}}
+    _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
+    assert rounds == 1, "no round starts once the budget is spent, but one always runs"
 
 
 def test_a_backend_over_twice_as_slow_at_every_shape_is_not_timed() -> None:

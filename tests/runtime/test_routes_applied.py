@@ -50,7 +50,8 @@ def test_every_candidate_is_timed_alone_and_together_at_every_shape(tiny_compile
     record = read_manifest(tiny_compiled).networks["policy"]
     ctx = SimpleNamespace(staging=tiny_compiled, reference=load_reference(tiny_compiled, record))
     labels = named_shapes(record, ctx.reference) | {"other": "opt"}
-    alone, together = measure_configurations(ctx, record, ["onnxruntime", "tvm"], labels)  # type: ignore[arg-type]
+    alone, together, rounds = measure_configurations(ctx, record, ["onnxruntime", "tvm"], labels)  # type: ignore[arg-type]
+    assert rounds >= 1
     for table in (alone, together):
         assert set(table) == {"onnxruntime", "tvm"}
         assert all(set(t) == set(labels) and 0 < min(t.values()) < 1e6 for t in table.values())
