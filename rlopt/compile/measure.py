@@ -127,9 +127,9 @@ def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[Backe
 
 ROUNDS = 5
 CELL_BUDGET_S = 0.01  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
-SETTLE_S = 0.005
+SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
 BUDGET_S = 5.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
-OUTCLASSED = 2.0  # pause between configurations, so the pools of the last one stop spinning first
+OUTCLASSED = 2.0  # a candidate this many times slower than another at every named shape is not timed
 Call = Callable[[], object]
 
 
@@ -281,7 +281,7 @@ class ChooseAuto(Stage):
                 why = f"measuring failed: {first_line(exc)}"
         self.choice = choice = choose_route(alone, together, list(labels), contenders, why)
         routes = {label: choice.per_point[label] for label in named}
-        fallback = choice.per_point.get(OTHER, choice.per_point[next(iter(named))])
+        fallback = choice.per_point.get(OTHER, choice.per_point[at_opt])
         auto = {"mixed": choice.mixed, "reason": choice.reason, "rounds": rounds,
                 "alone_us": {b: dict(t) for b, t in alone.items()},
                 "together_us": {b: dict(t) for b, t in (together or {}).items()}}
