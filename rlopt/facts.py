@@ -137,6 +137,8 @@ class NetworkFacts(Facts):
         default_factory=dict, description="compile's `auto` table: backend per shape label, and 'other'")
     auto_onnxruntime_spinning: bool | None = Field(
         None, description="whether `auto` lets ONNX Runtime spin (only when it is the session's only backend)")
+    auto_onnxruntime_threads: int | None = Field(
+        None, description="intra-op threads `auto` gives ONNX Runtime (absent: as built), chosen by measurement")
     auto_choice: AutoChoiceFacts | None = Field(None, description="what compile measured to choose `auto_routes`")
 
 

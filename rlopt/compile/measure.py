@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends import Runner, open_runner, unavailable_reason
+from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
 from rlopt.compile.stage import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, first_line
+from rlopt.machine import usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
@@ -129,6 +131,7 @@ ROUNDS = 5
 CELL_BUDGET_S = 0.01  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
 SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
 BUDGET_S = 5.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
+ORT_ONE_THREAD = "onnxruntime 1 thread"  # ONNX Runtime with one intra-op thread: no pool to spin or to wake
 OUTCLASSED = 2.0  # a candidate this many times slower than another at every named shape is not timed
 Call = Callable[[], object]
 
@@ -208,33 +211,52 @@ def interleaved_medians(configurations: dict[str, dict[tuple[str, str], Call]], 
 
 
 def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
-                           estimates_us: Table | None = None) -> tuple[Table, Table, int]:
+                           estimates_us: Table | None = None,
+                           one_thread_ort: bool = False) -> tuple[Table, Table, int]:
     """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
-    process, ONNX Runtime not spinning, cells interleaved): median us per shape label; and the rounds done."""
+    process, ONNX Runtime not spinning, cells interleaved): median us per shape label; and the rounds done. With
+    `one_thread_ort`, ONNX Runtime with one intra-op thread is timed too, as ORT_ONE_THREAD."""
     opened: list[Runner] = []
+    subjects = {b: b for b in candidates}
+    if one_thread_ort and "onnxruntime" in candidates:
+        subjects[ORT_ONE_THREAD] = "onnxruntime"
+    threads = {ORT_ONE_THREAD: {"intra_op_threads": 1}}
 
-    def open_one(name: str, **update: Any) -> Runner:
-        artifact = record.artifacts[name]
+    def open_one(key: str, **update: Any) -> Runner:
+        artifact = record.artifacts[subjects[key]]
         assert artifact.path is not None
-        opened.append(open_runner(name, ctx.staging / artifact.path, list(record.inputs),
-                                  {**artifact.facts, **update}))
+        opened.append(open_runner(subjects[key], ctx.staging / artifact.path, list(record.inputs),
+                                  {**artifact.facts, **threads.get(key, {}), **update}))
         return opened[-1]
 
     try:
-        alone = {b: open_one(b) for b in candidates}
-        together = {b: open_one(b, allow_spinning=False) if b == "onnxruntime" else alone[b] for b in candidates}
-        configurations = {f"alone {b}": {(b, label): call for label, call in
-                                         _calls(alone[b], b, record, ctx.reference, labels).items()}
-                          for b in candidates}
-        configurations["together"] = {(b, label): call for b in candidates for label, call in
-                                      _calls(together[b], b, record, ctx.reference, labels).items()}
+        alone = {k: open_one(k) for k in subjects}
+        together = {k: open_one(k, allow_spinning=False) if b == "onnxruntime" else alone[k]
+                    for k, b in subjects.items()}
+        configurations = {f"alone {k}": {(k, label): call for label, call in
+                                         _calls(alone[k], b, record, ctx.reference, labels).items()}
+                          for k, b in subjects.items()}
+        configurations["together"] = {(k, label): call for k, b in subjects.items() for label, call in
+                                      _calls(together[k], b, record, ctx.reference, labels).items()}
         medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
     finally:
         for runner in opened:
             runner.close()
-    alone_us = {b: {label: round(medians[f"alone {b}"][b, label], 2) for label in labels} for b in candidates}
-    together_us = {b: {label: round(medians["together"][b, label], 2) for label in labels} for b in candidates}
+    alone_us = {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}
+    together_us = {k: {label: round(medians["together"][k, label], 2) for label in labels} for k in subjects}
     return alone_us, together_us, rounds
+
+
+def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None, Table, Table | None]:
+    """1 when ONNX Runtime with one intra-op thread beat its default (lower geometric mean alone), else None; and
+    the tables with that configuration as 'onnxruntime', for `choose_route`."""
+    if ORT_ONE_THREAD not in alone or "onnxruntime" not in alone:
+        return None, alone, together
+    one, default = (float(np.exp(np.mean(np.log(list(alone[k].values()))))) for k in (ORT_ONE_THREAD, "onnxruntime"))
+    if not one < default:
+        return None, alone, together
+    return 1, {**alone, "onnxruntime": alone[ORT_ONE_THREAD]}, \
+        {**together, "onnxruntime": together[ORT_ONE_THREAD]} if together and ORT_ONE_THREAD in together else together
 
 
 def outclassed(recorded: Table, backend: str, named: dict[str, str]) -> bool:
@@ -272,20 +294,26 @@ class ChooseAuto(Stage):
         rounds = 0
         why = "; ".join(f"{b} cannot run here" for b in verified if b not in candidates)
         contenders = [b for b in candidates if not outclassed(recorded, b, named)]
-        if len(contenders) == 1 < len(candidates) and not why:
-            why = f"{', '.join(b for b in candidates if b not in contenders)} over {OUTCLASSED:g}x slower everywhere"
-        if len(contenders) > 1 and not why:
+        pruned = [b for b in candidates if b not in contenders]
+        one_thread = "onnxruntime" in contenders and usable_cores() > 1 and \
+            OnnxRuntimeFacts.of(record.artifacts["onnxruntime"].facts).intra_op_threads != 1
+        if (len(contenders) > 1 or one_thread) and not why:
             try:
-                alone, together, rounds = measure_configurations(ctx, record, contenders, labels, recorded)
+                alone, together, rounds = measure_configurations(ctx, record, contenders, labels, recorded, one_thread)
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 why = f"measuring failed: {first_line(exc)}"
-        self.choice = choice = choose_route(alone, together, list(labels), contenders, why)
+        ort_threads, ranked_alone, ranked_together = ort_thread_choice(alone, together)
+        self.choice = choice = choose_route(ranked_alone, ranked_together, list(labels), contenders, why)
         routes = {label: choice.per_point[label] for label in named}
         fallback = choice.per_point.get(OTHER, choice.per_point[at_opt])
-        auto = {"mixed": choice.mixed, "reason": choice.reason, "rounds": rounds,
+        reason = choice.reason + (f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)"
+                                  if pruned else "")
+        auto = {"mixed": choice.mixed, "reason": reason, "rounds": rounds,
                 "alone_us": {b: dict(t) for b, t in alone.items()},
                 "together_us": {b: dict(t) for b, t in (together or {}).items()}}
-        return StageOutput(None, {"auto_routes": routes | {OTHER: fallback},
+        ort = {"auto_onnxruntime_threads": ort_threads} if ort_threads and "onnxruntime" in choice.per_point.values() \
+            else {}
+        return StageOutput(None, {"auto_routes": routes | {OTHER: fallback}, **ort,
                                   "auto_onnxruntime_spinning": choice.onnxruntime_spinning,
                                   "auto_choice": auto, "selected": choice.per_point[at_opt]})
 

@@ -85,11 +85,14 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
-    spinning = True
+    ort: dict[str, object] = {}
     if backend == "auto":
         record = manifest.network(network, model_dir)
         plan = recorded_plan(record, usable_backends(manifest, model_dir, network))
-        routes, fallback, spinning = plan.routes, plan.fallback, plan.onnxruntime_spinning
+        routes, fallback = plan.routes, plan.fallback
+        ort = {"allow_spinning": plan.onnxruntime_spinning}
+        if plan.onnxruntime_threads:
+            ort["intra_op_threads"] = plan.onnxruntime_threads
     else:
         fallback = resolve_backend(manifest, model_dir, network, backend)
         record, routes = manifest.networks[network], {}
@@ -98,8 +101,8 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
         for name in dict.fromkeys([fallback, *routes.values()]):
             artifact = record.artifacts[name]
             facts = facts_of(name, artifact.facts)
-            if name == "onnxruntime" and backend == "auto":
-                facts = facts.model_copy(update={"allow_spinning": spinning})
+            if name == "onnxruntime" and ort:
+                facts = facts.model_copy(update=ort)
             runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
     except BaseException:
         for runner in runners.values():

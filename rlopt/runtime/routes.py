@@ -91,8 +91,11 @@ def _single_candidates(alone: Table, points: list[str], order: list[str]) -> lis
     return sorted(serving, key=lambda b: (_geomean([alone[b][p] for p in points]), order.index(b)))
 
 
+RECONFIGURED = frozenset({"onnxruntime"})  # backends a mixed session configures differently (ORT: no spinning)
+
+
 def choose_route(alone: Table, together: Table | None, points: list[str], order: list[str],
-                 unmeasured: str = "") -> RouteChoice:
+                 unmeasured: str = "", reconfigured: frozenset[str] = RECONFIGURED) -> RouteChoice:
     """The route `auto` runs, from latencies measured in the configurations a session can run.
 
     `alone[b]`: every point on backend b, its pools configured for running alone (ONNX Runtime spinning);
@@ -100,20 +103,26 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     them (ONNX Runtime not spinning), points interleaved; None when that could not be measured (`unmeasured` says
     why). A point missing from a backend's table is one it does not serve. `order`: the candidates, best first.
 
-    The mixed route (each point on its fastest backend in `together`) is kept only when it is no more than NOISE
-    slower than the best single backend at every point and at least GAIN faster at one; otherwise, and whenever
-    the mix could not be measured, every shape goes to the best single backend.
+    The mixed route puts each point on its fastest backend in the mix, where a backend that runs the same way in
+    both configurations (not in `reconfigured`) counts its slower figure of the two: one lucky timing must not win
+    a shape. It is kept only when it is no more than NOISE slower than the best single backend at every point and
+    at least GAIN faster at one; otherwise, and whenever the mix could not be measured, every shape goes to the
+    best single backend.
     """
     singles = _single_candidates(alone, points, order)
     if together is None or not together:
         best = singles[0] if singles else next(b for b in order if b in alone)
         why = f"mixed route not measured ({unmeasured})" if unmeasured else "one candidate backend"
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: {why}", best)
+    def in_mix(name: str, point: str) -> float:
+        same = name not in reconfigured and point in alone.get(name, {})
+        return max(together[name][point], alone[name][point]) if same else together[name][point]
+
     mix = {}
     for point in points:
         serving = [b for b in order if point in together.get(b, {})]
         if serving:
-            mix[point] = min(serving, key=lambda b: (together[b][point], order.index(b)))
+            mix[point] = min(serving, key=lambda b: (in_mix(b, point), order.index(b)))
     if not singles:
         missing = [p for p in points if p not in mix]
         if missing:
@@ -123,7 +132,7 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     best = singles[0]
     if len(set(mix.values())) == 1 or len(mix) < len(points):
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: fastest at every shape", best)
-    ratios = {p: together[mix[p]][p] / alone[best][p] for p in points}
+    ratios = {p: in_mix(mix[p], p) / alone[best][p] for p in points}
     worst = max(points, key=lambda p: ratios[p])
     gain = min(points, key=lambda p: ratios[p])
     table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
@@ -147,10 +156,11 @@ class AutoPlan:
     fallback: str
     onnxruntime_spinning: bool
     why: str = ""
+    onnxruntime_threads: int | None = None
 
 
 def recorded_plan(record: NetworkRecord, usable: list[str]) -> AutoPlan:
-    """The configuration compile measured and chose (`facts.auto_routes`, `facts.auto_onnxruntime_spinning`).
+    """The configuration compile measured and chose (`facts.auto_routes`, `auto_onnxruntime_spinning`, `_threads`).
 
     When the manifest records no route, or names a backend that cannot run here (`usable`: verified and runnable,
     best first), every shape goes to the best usable backend on its own: a mix was never measured on this machine.
@@ -165,8 +175,9 @@ def recorded_plan(record: NetworkRecord, usable: list[str]) -> AutoPlan:
         return AutoPlan({}, usable[0], True, f"{usable[0]} alone: {why}")
     routes = {parse_label(label): name for label, name in table.items()}
     spinning = facts.auto_onnxruntime_spinning
-    return AutoPlan(routes, fallback, bool(spinning) if spinning is not None else len(needed) == 1, "recorded")
+    return AutoPlan(routes, fallback, bool(spinning) if spinning is not None else len(needed) == 1, "recorded",
+                    facts.auto_onnxruntime_threads)
 
 
-__all__ = ["GAIN", "NOISE", "OTHER", "AutoPlan", "RouteChoice", "choose_route", "parse_label", "ranked_backends",
+__all__ = ["GAIN", "NOISE", "OTHER", "RECONFIGURED", "AutoPlan", "RouteChoice", "choose_route", "parse_label", "ranked_backends",
            "recorded_plan", "unbucketed_p50", "unbucketed_variant"]

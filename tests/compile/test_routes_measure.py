@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from rlopt.compile.measure import interleaved_medians, outclassed
+from rlopt.compile.measure import ORT_ONE_THREAD, interleaved_medians, ort_thread_choice, outclassed
 
 
 def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
@@ -31,3 +31,15 @@ def test_a_backend_over_twice_as_slow_at_every_shape_is_not_timed() -> None:
     assert outclassed(recorded, "torchscript", named), "3x and 2.1x ONNX Runtime"
     assert not outclassed(recorded, "tvm", named), "fastest at 1x17"
     assert not outclassed(recorded, "onnxruntime", named)
+
+
+def test_onnxruntime_gets_one_thread_only_when_one_thread_timed_faster() -> None:
+    default, one = {"1x4": 10.0, "64x4": 40.0}, {"1x4": 8.0, "64x4": 30.0}
+    alone = {"onnxruntime": default, ORT_ONE_THREAD: one, "tvm": {"1x4": 5.0, "64x4": 200.0}}
+    together = {"onnxruntime": {"1x4": 12.0, "64x4": 55.0}, ORT_ONE_THREAD: {"1x4": 8.5, "64x4": 31.0}}
+    threads, ranked_alone, ranked_together = ort_thread_choice(alone, together)
+    assert threads == 1 and ranked_alone["onnxruntime"] == one and ranked_alone["tvm"] == alone["tvm"]
+    assert ranked_together is not None and ranked_together["onnxruntime"] == together[ORT_ONE_THREAD]
+    slower = {**alone, ORT_ONE_THREAD: {"1x4": 12.0, "64x4": 35.0}}  # geometric mean 20.5 vs 20.0
+    assert ort_thread_choice(slower, together) == (None, slower, together)
+    assert ort_thread_choice({"onnxruntime": default}, None) == (None, {"onnxruntime": default}, None)

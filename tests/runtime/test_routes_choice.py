@@ -89,6 +89,10 @@ def test_the_runtime_runs_the_recorded_route_and_never_rechooses() -> None:
     single = recorded_plan(_record({"auto_routes": {"1x17": "onnxruntime", OTHER: "onnxruntime"},
                                     "auto_onnxruntime_spinning": True}), ["tvm", "onnxruntime"])
     assert set(single.routes.values()) == {"onnxruntime"} and single.onnxruntime_spinning is True
+    assert single.onnxruntime_threads is None
+    one_thread = recorded_plan(_record({"auto_routes": {"1x17": "onnxruntime", OTHER: "onnxruntime"},
+                                        "auto_onnxruntime_threads": 1}), ["onnxruntime"])
+    assert one_thread.onnxruntime_threads == 1
 
 
 def test_a_recorded_route_that_cannot_run_here_becomes_the_best_usable_backend_alone() -> None:
@@ -97,3 +101,16 @@ def test_a_recorded_route_that_cannot_run_here_becomes_the_best_usable_backend_a
     assert plan.routes == {} and plan.fallback == "onnxruntime" and plan.onnxruntime_spinning is True
     assert "tensorrt" in plan.why
     assert recorded_plan(_record({}), ["tvm"]).fallback == "tvm"
+
+
+def test_a_backend_the_mix_does_not_reconfigure_counts_its_slower_timing() -> None:
+    # torchscript timed 0.6 ms beside the others but 390 ms alone (a stalled pool): the same configuration, so the
+    # mix must not count on the lucky figure
+    alone = {"onnxruntime": ORT_ALONE, "torchscript": dict(zip(SHAPES, [35.0, 45.0, 390_000.0, 45.0]))}
+    together = {"onnxruntime": dict(zip(SHAPES, [30.0, 40.0, 60.0, 40.0])),
+                "torchscript": dict(zip(SHAPES, [35.0, 45.0, 40.0, 45.0]))}
+    choice = choose_route(alone, together, SHAPES, ["onnxruntime", "torchscript"])
+    assert not choice.mixed and set(choice.per_point.values()) == {"onnxruntime"}
+    trusting = choose_route(alone, together, SHAPES, ["onnxruntime", "torchscript"],
+                            reconfigured=frozenset({"onnxruntime", "torchscript"}))
+    assert trusting.per_point["64x17"] == "torchscript", "only the max rule keeps it out"
