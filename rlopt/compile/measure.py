@@ -24,7 +24,7 @@ from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, s
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
 from rlopt.runtime import Session, ranked_backends, unbucketed_p50, unbucketed_variant
-from rlopt.runtime.routes import OTHER, RouteChoice, Table, choose_route
+from rlopt.runtime.routes import OTHER, Table, choose_route
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
 
@@ -275,7 +275,6 @@ class ChooseAuto(Stage):
 
     def __init__(self, record: NetworkRecord) -> None:
         self.record = record
-        self.choice: RouteChoice | None = None
 
     def run(self, ctx: Context) -> StageOutput:
         record = self.record
@@ -303,16 +302,16 @@ class ChooseAuto(Stage):
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 why = f"measuring failed: {first_line(exc)}"
         ort_threads, ranked_alone, ranked_together = ort_thread_choice(alone, together)
-        self.choice = choice = choose_route(ranked_alone, ranked_together, list(labels), contenders, why)
+        choice = choose_route(ranked_alone, ranked_together, list(labels), contenders, why)
         routes = {label: choice.per_point[label] for label in named}
         fallback = choice.per_point.get(OTHER, choice.per_point[at_opt])
-        reason = choice.reason + (f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)"
-                                  if pruned else "")
+        uses_ort = "onnxruntime" in choice.per_point.values()
+        reason = choice.reason + ("; onnxruntime on 1 thread" if ort_threads and uses_ort else "") + (
+            f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)" if pruned else "")
         auto = {"mixed": choice.mixed, "reason": reason, "rounds": rounds,
                 "alone_us": {b: dict(t) for b, t in alone.items()},
                 "together_us": {b: dict(t) for b, t in (together or {}).items()}}
-        ort = {"auto_onnxruntime_threads": ort_threads} if ort_threads and "onnxruntime" in choice.per_point.values() \
-            else {}
+        ort = {"auto_onnxruntime_threads": ort_threads} if ort_threads and uses_ort else {}
         return StageOutput(None, {"auto_routes": routes | {OTHER: fallback}, **ort,
                                   "auto_onnxruntime_spinning": choice.onnxruntime_spinning,
                                   "auto_choice": auto, "selected": choice.per_point[at_opt]})
@@ -321,5 +320,5 @@ class ChooseAuto(Stage):
         return str(out.facts["auto_choice"]["reason"])
 
 
-__all__ = ["ChooseAuto", "VerifyBackend", "backend_record", "interleaved_medians", "measure_configurations",
-           "named_shapes", "time_points"]
+__all__ = ["ORT_ONE_THREAD", "ChooseAuto", "VerifyBackend", "backend_record", "interleaved_medians",
+           "measure_configurations", "named_shapes", "ort_thread_choice", "outclassed", "time_points"]
