@@ -24,7 +24,7 @@ from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, s
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
 from rlopt.runtime import Session, ranked_backends, unbucketed_p50, unbucketed_variant
-from rlopt.runtime.routes import OTHER, Table, choose_route
+from rlopt.runtime.routes import GAIN, NOISE, OTHER, Table, choose_route
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
 
@@ -248,14 +248,16 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
 
 
 def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None, Table, Table | None]:
-    """1 when ONNX Runtime with one intra-op thread beat its default (lower geometric mean alone), else None; and
-    the tables with that configuration as 'onnxruntime', for `choose_route`."""
+    """1 when ONNX Runtime with one intra-op thread beat its default alone as a mix must beat a single backend (no
+    shape more than NOISE slower, one at least GAIN faster), else None; and the tables with that configuration as
+    'onnxruntime', for `choose_route`."""
     if ORT_ONE_THREAD not in alone or "onnxruntime" not in alone:
         return None, alone, together
-    one, default = (float(np.exp(np.mean(np.log(list(alone[k].values()))))) for k in (ORT_ONE_THREAD, "onnxruntime"))
-    if not one < default:
+    one, default = alone[ORT_ONE_THREAD], alone["onnxruntime"]
+    ratios = [one[p] / default[p] for p in default if p in one]
+    if not ratios or max(ratios) > 1 + NOISE or min(ratios) > 1 - GAIN:
         return None, alone, together
-    return 1, {**alone, "onnxruntime": alone[ORT_ONE_THREAD]}, \
+    return 1, {**alone, "onnxruntime": one}, \
         {**together, "onnxruntime": together[ORT_ONE_THREAD]} if together and ORT_ONE_THREAD in together else together
 
 
