@@ -128,9 +128,9 @@ def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[Backe
 
 
 ROUNDS = 5
-CELL_BUDGET_S = 0.01  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
+CELL_BUDGET_S = 0.005  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
 SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
-BUDGET_S = 5.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
+BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
 ORT_ONE_THREAD = "onnxruntime 1 thread"  # ONNX Runtime with one intra-op thread: no pool to spin or to wake
 OUTCLASSED = 2.0  # a candidate this many times slower than another at every named shape is not timed
 Call = Callable[[], object]
