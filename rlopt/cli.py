@@ -157,6 +157,9 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
         if routes:
             stdout.print("  auto: " + ", ".join(f"{shape} -> {backend}" for shape, backend in routes.items()),
                          markup=False)
+            why = network.facts.get("auto_choice", {}).get("reason")
+            if why:
+                stdout.print(f"  auto chosen: {why}", markup=False)
         for backend, record in network.artifacts.items():
             notes = record.facts.get("fused_kernels")
             if notes:

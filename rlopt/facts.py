@@ -113,6 +113,19 @@ class PrecisionFacts(Facts):
     backends: dict[str, str] = Field(default_factory=dict)
 
 
+class AutoChoiceFacts(Facts):
+    """Why `auto` runs the route it runs: median latency per shape label ('other': shapes without a point of their
+    own) of each candidate backend, measured in interleaved rounds in the two configurations a session can run."""
+
+    mixed: bool = False
+    reason: str = ""
+    rounds: int = 0
+    alone_us: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="backend -> shape -> us, every shape on that backend, pools as when alone")
+    together_us: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="backend -> shape -> us, all candidates in one process, ORT not spinning")
+
+
 class NetworkFacts(Facts):
     """Per-network results that belong to no single backend (manifest networks.<n>.facts)."""
 
@@ -124,7 +137,10 @@ class NetworkFacts(Facts):
         default_factory=dict, description="compile's `auto` table: backend per shape label, and 'other'")
     auto_onnxruntime_spinning: bool | None = Field(
         None, description="whether `auto` lets ONNX Runtime spin (only when it is the session's only backend)")
+    auto_onnxruntime_threads: int | None = Field(
+        None, description="intra-op threads `auto` gives ONNX Runtime (absent: as built), chosen by measurement")
+    auto_choice: AutoChoiceFacts | None = Field(None, description="what compile measured to choose `auto_routes`")
 
 
-__all__ = ["ArtifactFacts", "Facts", "FileRef", "NetworkFacts", "PadGemmFacts", "ParityGate", "PrecisionFacts",
-           "TensorRTPlanFacts", "VariantParity"]
+__all__ = ["ArtifactFacts", "AutoChoiceFacts", "Facts", "FileRef", "NetworkFacts", "PadGemmFacts", "ParityGate",
+           "PrecisionFacts", "TensorRTPlanFacts", "VariantParity"]

@@ -6,18 +6,25 @@ state is checked over every recorded step with the backend's own state fed back 
 
 from __future__ import annotations
 
+import math
+import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from rlopt.backends import open_runner
+from rlopt.backends import Runner, open_runner, unavailable_reason
+from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
 from rlopt.compile.stage import Context, Stage, StageOutput
-from rlopt.errors import BackendUnavailable
-from rlopt.manifest import BackendRecord, Latency, file_record, sha256_file
+from rlopt.errors import BackendUnavailable, first_line
+from rlopt.machine import usable_cores
+from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
+from rlopt.runtime import Session, ranked_backends, unbucketed_p50, unbucketed_variant
+from rlopt.runtime.routes import GAIN, NOISE, OTHER, Table, choose_route
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
 
@@ -75,18 +82,6 @@ class VerifyBackend(Stage):
         return ("ok" if record.parity.passed else "FAILED") + f" max_abs {record.parity.max_abs:.2e}" + \
             (f"; {latency}" if latency else "")
 
-    def quiet_latencies(self, ctx: Context, facts: dict[str, Any]) -> dict[str, float]:
-        """ONNX Runtime's p50 per point with its pool not spinning between calls: what `auto` gets when ORT shares
-        the process with another backend (spinning, an ORT-routed call made the next TVM call 11.7 ms, not 0.2)."""
-        assert self.output.artifact is not None
-        runner = open_runner("onnxruntime", self.output.artifact, list(ctx.spec.inputs),
-                             {**facts, "allow_spinning": False})
-        try:
-            return {point: round(stats.p50_us, 2) for point, stats in
-                    time_points(runner.infer, ctx.reference, ctx.reference.points, budget_s=0.1).items()}
-        finally:
-            runner.close()
-
     def measure(self, ctx: Context) -> tuple[BackendRecord, str | None]:
         backend, output, tol, spec, reference = self.backend, self.output, self.tol, ctx.spec, ctx.reference
         assert output.artifact is not None
@@ -119,8 +114,6 @@ class VerifyBackend(Stage):
                 point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
                                iterations=stats.iterations)
                 for point, stats in time_points(runner.infer, reference, reference.points, budget_s=0.3).items()}
-            if backend == "onnxruntime":
-                base.facts["latency_without_spinning_us"] = self.quiet_latencies(ctx, facts)
         finally:
             runner.close()
         return base, None
@@ -134,4 +127,200 @@ def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[Backe
     return record, out.facts["failure"]
 
 
-__all__ = ["VerifyBackend", "backend_record", "time_points"]
+ROUNDS = 5
+CELL_BUDGET_S = 0.005  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
+SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
+BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
+ORT_ONE_THREAD = "onnxruntime 1 thread"  # ONNX Runtime with one intra-op thread: no pool to spin or to wake
+OUTCLASSED = 2.0  # a candidate this many times slower than another at every named shape is not timed
+Call = Callable[[], object]
+
+
+def named_shapes(record: NetworkRecord, reference: Reference) -> dict[str, str]:
+    """Shape label -> the first reference point with that shape, in point order."""
+    labels: dict[str, str] = {}
+    for point in reference.points:
+        shape = reference.shape(point)
+        labels.setdefault(shape_label(shape[n] for n in record.inputs), point)
+    return labels
+
+
+def has_other_shapes(record: NetworkRecord, named: int) -> bool:
+    """Whether the profile's [min, max] holds shapes beyond the `named` ones."""
+    count = math.prod(hi - lo + 1 for p in record.inputs.values() for lo, hi in zip(p.min, p.max))
+    return count > named
+
+
+def _calls(runner: Runner, name: str, record: NetworkRecord, reference: Reference,
+           labels: dict[str, str]) -> dict[str, Call]:
+    """A call per shape label through a Session (the runtime's own path, bound calls included); OTHER is the path
+    that serves shapes without their own build, at opt."""
+    session = Session({name: runner}, {}, name, name, record)
+    calls: dict[str, Call] = {label: (lambda f=reference.feeds(p, 0): session.run(f)) for label, p in labels.items()
+                              if label != OTHER}
+    if OTHER in labels:
+        feeds = reference.feeds(labels[OTHER], 0)
+        variant = unbucketed_variant(record.artifacts[name].facts)
+        infer = {**runner.parity_variants(), **runner.gated_variants()}.get(variant) if variant else None
+        calls[OTHER] = (lambda: infer(feeds)) if infer is not None else (lambda: session.run(feeds))
+    return calls
+
+
+def _block_median(call: Call, count: int) -> float:
+    """Median of `count` timed calls; a block of several starts with an untimed call (a single call longer than
+    a whole block's budget is not worth doubling)."""
+    if count > 1:
+        call()
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter_ns()
+        call()
+        samples.append(time.perf_counter_ns() - start)
+    return float(np.median(samples)) / 1e3
+
+
+def interleaved_medians(configurations: dict[str, dict[tuple[str, str], Call]], rounds: int = ROUNDS,
+                        seed: int = 0, estimates_us: Table | None = None,
+                        budget_s: float = BUDGET_S) -> tuple[dict[str, dict[tuple[str, str], float]], int]:
+    """Per configuration and (backend, shape) cell: the median over rounds of each round's block median, and
+    the rounds done (at least one; no round starts once `budget_s` is spent).
+
+    Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
+    mixed configuration, calls switch backends as a mixed session's do). `estimates_us[backend][shape]` sizes the
+    blocks (default: one timed call per cell)."""
+    rng = random.Random(seed)
+    counts: dict[tuple[str, tuple[str, str]], int] = {}
+    for config, cells in configurations.items():
+        for cell, call in cells.items():
+            call()
+            call()  # a Session binds its per-thread call on the second call of a signature
+            known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
+            estimate = float(known) if known else _block_median(call, 1)
+            counts[config, cell] = int(min(50, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
+    medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
+                                                             for c, cells in configurations.items()}
+    deadline, done = time.monotonic() + budget_s, 0
+    while done < rounds and (done == 0 or time.monotonic() < deadline):
+        for config in rng.sample(list(configurations), len(configurations)):
+            cells = configurations[config]
+            for cell in rng.sample(list(cells), len(cells)):
+                medians[config][cell].append(_block_median(cells[cell], counts[config, cell]))
+            time.sleep(SETTLE_S)
+        done += 1
+    return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in medians.items()}, done
+
+
+def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
+                           estimates_us: Table | None = None,
+                           one_thread_ort: bool = False) -> tuple[Table, Table, int]:
+    """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
+    process, ONNX Runtime not spinning, cells interleaved): median us per shape label; and the rounds done. With
+    `one_thread_ort`, ONNX Runtime with one intra-op thread is timed too, as ORT_ONE_THREAD."""
+    opened: list[Runner] = []
+    subjects = {b: b for b in candidates}
+    if one_thread_ort and "onnxruntime" in candidates:
+        subjects[ORT_ONE_THREAD] = "onnxruntime"
+    threads = {ORT_ONE_THREAD: {"intra_op_threads": 1}}
+
+    def open_one(key: str, **update: Any) -> Runner:
+        artifact = record.artifacts[subjects[key]]
+        assert artifact.path is not None
+        opened.append(open_runner(subjects[key], ctx.staging / artifact.path, list(record.inputs),
+                                  {**artifact.facts, **threads.get(key, {}), **update}))
+        return opened[-1]
+
+    try:
+        alone = {k: open_one(k) for k in subjects}
+        together = {k: open_one(k, allow_spinning=False) if b == "onnxruntime" else alone[k]
+                    for k, b in subjects.items()}
+        configurations = {f"alone {k}": {(k, label): call for label, call in
+                                         _calls(alone[k], b, record, ctx.reference, labels).items()}
+                          for k, b in subjects.items()}
+        configurations["together"] = {(k, label): call for k, b in subjects.items() for label, call in
+                                      _calls(together[k], b, record, ctx.reference, labels).items()}
+        medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
+    finally:
+        for runner in opened:
+            runner.close()
+    alone_us = {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}
+    together_us = {k: {label: round(medians["together"][k, label], 2) for label in labels} for k in subjects}
+    return alone_us, together_us, rounds
+
+
+def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None, Table, Table | None]:
+    """1 when ONNX Runtime with one intra-op thread beat its default alone as a mix must beat a single backend (no
+    shape more than NOISE slower, one at least GAIN faster), else None; and the tables with that configuration as
+    'onnxruntime', for `choose_route`."""
+    if ORT_ONE_THREAD not in alone or "onnxruntime" not in alone:
+        return None, alone, together
+    one, default = alone[ORT_ONE_THREAD], alone["onnxruntime"]
+    ratios = [one[p] / default[p] for p in default if p in one]
+    if not ratios or max(ratios) > 1 + NOISE or min(ratios) > 1 - GAIN:
+        return None, alone, together
+    return 1, {**alone, "onnxruntime": one}, \
+        {**together, "onnxruntime": together[ORT_ONE_THREAD]} if together and ORT_ONE_THREAD in together else together
+
+
+def outclassed(recorded: Table, backend: str, named: dict[str, str]) -> bool:
+    """Whether `backend` timed over OUTCLASSED times another's latency at every named shape (compile's verify
+    timings): it would win no shape, so the rounds that time every candidate skip it."""
+    return any(other != backend and all(
+        label in recorded[other] and recorded[backend].get(label, math.inf) > OUTCLASSED * recorded[other][label]
+        for label in named) for other in recorded)
+
+
+class ChooseAuto(Stage):
+    """`auto`'s route, from latencies measured in the configurations a session can run (`choose_route`); the
+    runtime loads exactly what is recorded (`rlopt.runtime.recorded_plan`)."""
+
+    name = "auto"
+
+    def __init__(self, record: NetworkRecord) -> None:
+        self.record = record
+
+    def run(self, ctx: Context) -> StageOutput:
+        record = self.record
+        verified = ranked_backends(record)
+        candidates = [b for b in verified if unavailable_reason(b, record.artifacts[b].facts) is None]
+        named = named_shapes(record, ctx.reference)
+        at_opt = next((label for label, p in named.items() if p == "opt"), next(iter(named)))
+        labels = named | ({OTHER: named[at_opt]} if has_other_shapes(record, len(named)) else {})
+        recorded = {b: {label: record.artifacts[b].latency_us[p].p50 for label, p in labels.items()
+                        if label != OTHER and p in record.artifacts[b].latency_us} for b in candidates}
+        for b in candidates:
+            if OTHER in labels and math.isfinite(unbucketed_p50(record.artifacts[b])):
+                recorded[b][OTHER] = unbucketed_p50(record.artifacts[b])
+        alone: Table = recorded
+        together: Table | None = None
+        rounds = 0
+        why = "; ".join(f"{b} cannot run here" for b in verified if b not in candidates)
+        contenders = [b for b in candidates if not outclassed(recorded, b, named)]
+        pruned = [b for b in candidates if b not in contenders]
+        one_thread = "onnxruntime" in contenders and usable_cores() > 1 and \
+            OnnxRuntimeFacts.of(record.artifacts["onnxruntime"].facts).intra_op_threads != 1
+        if (len(contenders) > 1 or one_thread) and not why:
+            try:
+                alone, together, rounds = measure_configurations(ctx, record, contenders, labels, recorded, one_thread)
+            except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
+                why = f"measuring failed: {first_line(exc)}"
+        ort_threads, ranked_alone, ranked_together = ort_thread_choice(alone, together)
+        choice = choose_route(ranked_alone, ranked_together, list(labels), contenders, why)
+        routes = {label: choice.per_point[label] for label in named}
+        fallback = choice.per_point.get(OTHER, choice.per_point[at_opt])
+        uses_ort = "onnxruntime" in choice.per_point.values()
+        reason = choice.reason + ("; onnxruntime on 1 thread" if ort_threads and uses_ort else "") + (
+            f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)" if pruned else "")
+        auto = {"mixed": choice.mixed, "reason": reason, "rounds": rounds,
+                "alone_us": {b: dict(t) for b, t in alone.items()},
+                "together_us": {b: dict(t) for b, t in (together or {}).items()}}
+        ort = {"auto_onnxruntime_threads": ort_threads} if ort_threads and uses_ort else {}
+        return StageOutput(None, {"auto_routes": routes | {OTHER: fallback}, **ort,
+                                  "auto_onnxruntime_spinning": choice.onnxruntime_spinning,
+                                  "auto_choice": auto, "selected": choice.per_point[at_opt]})
+
+    def detail(self, ctx: Context, out: StageOutput) -> str:
+        return str(out.facts["auto_choice"]["reason"])
+
+
+__all__ = ["ORT_ONE_THREAD", "ChooseAuto", "VerifyBackend", "backend_record", "interleaved_medians",
+           "measure_configurations", "named_shapes", "ort_thread_choice", "outclassed", "time_points"]

@@ -8,10 +8,10 @@ from rlopt.backends import BACKENDS
 from rlopt.compile.engine import Engine
 from rlopt.compile.frontend import FRONTEND
 from rlopt.compile.gpu_path import precision_record, tolerance_for, write_triton
-from rlopt.compile.measure import VerifyBackend, backend_record
+from rlopt.compile.measure import ChooseAuto, VerifyBackend, backend_record
 from rlopt.compile.stage import Context, Stage, StageOutput, load_stage
-from rlopt.manifest import BackendRecord, InputProfile, NetworkRecord, file_record, shape_label
-from rlopt.runtime import auto_routes, ranked_backends
+from rlopt.manifest import BackendRecord, InputProfile, NetworkRecord, file_record
+from rlopt.runtime import ranked_backends
 
 
 SCRIPT_FACTS = ("graph_sha256", "weights_sha256")
@@ -90,10 +90,10 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
     ranked = ranked_backends(record)
     record.selected = ranked[0] if ranked else None
     if ranked:
-        plan = auto_routes(record, ranked)
-        record.facts["auto_routes"] = {shape_label(key): name for key, name in plan.routes.items()} | {
-            "other": plan.fallback}
-        record.facts["auto_onnxruntime_spinning"] = plan.onnxruntime_spinning
+        auto = engine.run(ChooseAuto(record), ctx)
+        assert auto is not None
+        record.selected = auto.facts.pop("selected")
+        record.facts.update(auto.facts)
     if record.selected is None:
         ctx.failures.append(f"{ctx.name}: no backend was built and verified")
     return record
@@ -103,7 +103,7 @@ def stage_code_versions() -> dict[str, str]:
     """Every stage's cache name -> its current code version ('verify' stands for every 'verify <backend>')."""
     from rlopt.compile.frontend import FRONTEND_TO_PADDING
 
-    classes = [*FRONTEND, *FRONTEND_TO_PADDING, TritonRepository, VerifyBackend,
+    classes = [*FRONTEND, *FRONTEND_TO_PADDING, TritonRepository, VerifyBackend, ChooseAuto,
                *(load_stage(path) for backend in BACKENDS.values() for path in backend.stages)]
     return {stage.name: stage.code_version() for stage in classes}
 

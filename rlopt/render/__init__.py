@@ -100,7 +100,7 @@ def summary_table(manifest: Manifest, title: str = "") -> Table:
             parity = (f"[yellow]not verified[/]: {record.facts['not_verified']}"
                       if record.facts.get("verified") is False else parity_text(record.parity))
             table.add_row(name, label, record.path or "-", parity, *cells)
-    table.caption = ("* = selected (fastest verified at the opt shape; `auto` picks per shape, see rlopt inspect); "
+    table.caption = ("* = selected (what `auto` runs at the opt shape; it may mix backends, see rlopt inspect); "
                      "latency is a short measurement, see rlopt bench")
     return table
 

@@ -7,8 +7,8 @@ loader.py: manifest -> checked artifacts -> runners -> Session.
 from __future__ import annotations
 
 from rlopt.runtime.loader import KNOWN_BACKENDS, load, open_artifact, resolve_backend, usable_backends
-from rlopt.runtime.routes import AutoPlan, auto_routes, ranked_backends, unbucketed_p50, unbucketed_variant
+from rlopt.runtime.routes import AutoPlan, ranked_backends, recorded_plan, unbucketed_p50, unbucketed_variant
 from rlopt.runtime.session import Session, check_feeds
 
-__all__ = ["KNOWN_BACKENDS", "AutoPlan", "Session", "auto_routes", "check_feeds", "load", "open_artifact",
-           "ranked_backends", "resolve_backend", "unbucketed_p50", "unbucketed_variant", "usable_backends"]
+__all__ = ["KNOWN_BACKENDS", "AutoPlan", "Session", "check_feeds", "load", "open_artifact", "ranked_backends",
+           "recorded_plan", "resolve_backend", "unbucketed_p50", "unbucketed_variant", "usable_backends"]

@@ -17,7 +17,7 @@ from rlopt.manifest import (
     checked_private_copy,
     read_manifest,
 )
-from rlopt.runtime.routes import auto_routes, ranked_backends
+from rlopt.runtime.routes import ranked_backends, recorded_plan
 from rlopt.runtime.session import Session
 
 KNOWN_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
@@ -69,8 +69,8 @@ def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_
                   facts: ArtifactFacts | None = None) -> Runner:
     """Open a backend's artifact after its sha256 matches; native code is loaded from a checked private copy.
 
-    `facts` (default: the artifact's own) lets the caller adjust how it runs (`auto` turns ONNX Runtime's
-    spinning off); the files checked are always the ones the manifest lists.
+    `facts` (default: the artifact's own) lets the caller adjust how it runs (a mixed `auto` route turns ONNX
+    Runtime's spinning off, as compile measured it); the files checked are always the ones the manifest lists.
     """
     typed = facts_of(backend, artifact.facts if facts is None else facts)
     if BACKENDS[backend].native:
@@ -85,11 +85,14 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
-    spinning = True
+    ort: dict[str, object] = {}
     if backend == "auto":
         record = manifest.network(network, model_dir)
-        plan = auto_routes(record, usable_backends(manifest, model_dir, network))
-        routes, fallback, spinning = plan.routes, plan.fallback, plan.onnxruntime_spinning
+        plan = recorded_plan(record, usable_backends(manifest, model_dir, network))
+        routes, fallback = plan.routes, plan.fallback
+        ort = {"allow_spinning": plan.onnxruntime_spinning}
+        if plan.onnxruntime_threads:
+            ort["intra_op_threads"] = plan.onnxruntime_threads
     else:
         fallback = resolve_backend(manifest, model_dir, network, backend)
         record, routes = manifest.networks[network], {}
@@ -98,8 +101,8 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
         for name in dict.fromkeys([fallback, *routes.values()]):
             artifact = record.artifacts[name]
             facts = facts_of(name, artifact.facts)
-            if name == "onnxruntime" and not spinning:
-                facts = facts.model_copy(update={"allow_spinning": False})
+            if name == "onnxruntime" and ort:
+                facts = facts.model_copy(update=ort)
             runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
     except BaseException:
         for runner in runners.values():

@@ -1,21 +1,27 @@
-"""`auto`: which verified backend serves which shape, from the latencies compile measured (reads only the manifest)."""
+"""`auto`: which verified backend serves which shape, and how ONNX Runtime's pool runs.
+
+Compile chooses (`choose_route`, from latencies measured in each configuration a session can run) and records
+the choice in the manifest; `recorded_plan` reads it back at load time and never re-chooses (reads only the
+manifest).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
 from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.backends.tvm.padding import padding_plan
-from rlopt.facts import ArtifactFacts
+from rlopt.facts import ArtifactFacts, NetworkFacts
 from rlopt.manifest import BackendRecord, NetworkRecord
 from rlopt.runtime.session import ShapeKey
 
-SWITCH_MARGIN = 0.85  # another backend takes a shape from auto's leader only when at least 15% faster there
+OTHER = "other"  # the pseudo-shape for every shape without a named point of its own
+NOISE = 0.05  # a mixed route may be this much slower than the best single backend at a shape (timing noise)
+GAIN = 0.10  # ...and must be at least this much faster at some shape to be worth a second backend
 
 
 def ranked_backends(record: NetworkRecord) -> list[str]:
@@ -44,12 +50,8 @@ def unbucketed_variant(facts: ArtifactFacts | Mapping[str, Any]) -> str | None:
 
 
 def unbucketed_p50(artifact: BackendRecord) -> float:
-    """Latency at the opt shape through the code path that serves shapes without their own build.
-
-    TVM serves profile shapes from tuned per-shape libraries and every other shape from its dynamic library, or,
-    once the parity gate passed padding and every shape pads into some build, from a bigger build padded with
-    zeros; compile times each path separately (`facts.variant_latency_us`); unmeasured = never picked.
-    """
+    """Latency at the opt shape, measured alone, through the code path that serves shapes without their own build
+    (TVM's padded or dynamic library, `facts.variant_latency_us`; unmeasured = inf)."""
     facts = TvmFacts.of(artifact.facts)
     variant = unbucketed_variant(facts)
     if variant is not None:
@@ -59,72 +61,123 @@ def unbucketed_p50(artifact: BackendRecord) -> float:
     return latency.p50 if latency else float("inf")
 
 
+Table = Mapping[str, Mapping[str, float]]  # backend -> point (or OTHER) -> median latency in us
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    """Compile's verdict: a backend per point (OTHER included), whether that mixes backends, and why."""
+
+    per_point: dict[str, str]
+    mixed: bool
+    reason: str
+    single: str
+    compared: dict[str, float] = field(default_factory=dict)  # point -> mixed / single latency ratio
+
+    @property
+    def onnxruntime_spinning(self) -> bool:
+        """ONNX Runtime's pool spins only when it is the session's one backend: spinning, it starves another
+        backend's threads, and that is how the mixed route was measured."""
+        return not self.mixed
+
+
+def _geomean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(np.maximum(values, 1e-9)))))
+
+
+def _single_candidates(alone: Table, points: list[str], order: list[str]) -> list[str]:
+    """Backends that serve every point, best first (geometric mean over the points; ties keep `order`)."""
+    serving = [b for b in order if b in alone and all(p in alone[b] for p in points)]
+    return sorted(serving, key=lambda b: (_geomean([alone[b][p] for p in points]), order.index(b)))
+
+
+RECONFIGURED = frozenset({"onnxruntime"})  # backends a mixed session configures differently (ORT: no spinning)
+
+
+def choose_route(alone: Table, together: Table | None, points: list[str], order: list[str],
+                 unmeasured: str = "", reconfigured: frozenset[str] = RECONFIGURED) -> RouteChoice:
+    """The route `auto` runs, from latencies measured in the configurations a session can run.
+
+    `alone[b]`: every point on backend b, its pools configured for running alone (ONNX Runtime spinning);
+    `together[b]`: b's latency with every candidate loaded in one process, pools as a mixed session configures
+    them (ONNX Runtime not spinning), points interleaved; None when that could not be measured (`unmeasured` says
+    why). A point missing from a backend's table is one it does not serve. `order`: the candidates, best first.
+
+    The mixed route puts each point on its fastest backend in the mix, where a backend that runs the same way in
+    both configurations (not in `reconfigured`) counts its slower figure of the two: one lucky timing must not win
+    a shape. It is kept only when it is no more than NOISE slower than the best single backend at every point and
+    at least GAIN faster at one; otherwise, and whenever the mix could not be measured, every shape goes to the
+    best single backend.
+    """
+    singles = _single_candidates(alone, points, order)
+    if together is None or not together:
+        best = singles[0] if singles else next(b for b in order if b in alone)
+        why = f"mixed route not measured ({unmeasured})" if unmeasured else "one candidate backend"
+        return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: {why}", best)
+    def in_mix(name: str, point: str) -> float:
+        same = name not in reconfigured and point in alone.get(name, {})
+        return max(together[name][point], alone[name][point]) if same else together[name][point]
+
+    mix = {}
+    for point in points:
+        serving = [b for b in order if point in together.get(b, {})]
+        if serving:
+            mix[point] = min(serving, key=lambda b: (in_mix(b, point), order.index(b)))
+    if not singles:
+        missing = [p for p in points if p not in mix]
+        if missing:
+            raise ValueError(f"no candidate backend serves {missing}")
+        return RouteChoice(mix, len(set(mix.values())) > 1, "mixed: no single backend serves every shape",
+                           mix[points[0]])
+    best = singles[0]
+    if len(set(mix.values())) == 1 or len(mix) < len(points):
+        return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: fastest at every shape", best)
+    ratios = {p: in_mix(mix[p], p) / alone[best][p] for p in points}
+    worst = max(points, key=lambda p: ratios[p])
+    gain = min(points, key=lambda p: ratios[p])
+    table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
+    if ratios[worst] <= 1 + NOISE and ratios[gain] <= 1 - GAIN:
+        return RouteChoice(mix, True, f"mixed kept, vs {best} alone: {table}", best, ratios)
+    why = f"{ratios[worst]:.2f}x at {worst}" if ratios[worst] > 1 + NOISE else f"under {GAIN:.0%} faster anywhere"
+    return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: the mix was {why} ({table})", best,
+                       ratios)
+
+
+def parse_label(label: str) -> ShapeKey:
+    """`shape_label`'s inverse: '2x3x32' (inputs joined by '-') -> ((2, 3, 32),)."""
+    return tuple(tuple(int(d) for d in part.split("x")) if part else () for part in label.split("-"))
+
+
 @dataclass(frozen=True)
 class AutoPlan:
-    """What `auto` loads: a backend per measured shape, one for every other shape, and whether ONNX Runtime may
-    spin (only when it is the session's only backend: its spinning pool starves another backend's threads)."""
+    """What `auto` loads: a backend per named shape, one for every other shape, and whether ONNX Runtime spins."""
 
     routes: dict[ShapeKey, str]
     fallback: str
     onnxruntime_spinning: bool
+    why: str = ""
+    onnxruntime_threads: int | None = None
 
 
-def _best_routes(record: NetworkRecord, usable: list[str], quiet_ort: bool) -> tuple[dict[ShapeKey, str], str]:
-    ort = record.artifacts.get("onnxruntime")
-    quiet = OnnxRuntimeFacts.of(ort.facts).latency_without_spinning_us if quiet_ort and ort else {}
+def recorded_plan(record: NetworkRecord, usable: list[str]) -> AutoPlan:
+    """The configuration compile measured and chose (`facts.auto_routes`, `auto_onnxruntime_spinning`, `_threads`).
 
-    def p50(name: str, point: str) -> float:
-        if name == "onnxruntime" and point in quiet:
-            return float(quiet[point])
-        return record.artifacts[name].latency_us[point].p50
-
-    points = list(dict.fromkeys(p for name in usable for p in record.artifacts[name].latency_us))
-    everywhere = [p for p in points if all(p in record.artifacts[name].latency_us for name in usable)]
-
-    def overall(name: str) -> float:
-        """Geometric mean p50 over the shapes every usable backend was timed at (scale-free across shapes)."""
-        return float(np.exp(np.mean([np.log(max(p50(name, p), 1e-9)) for p in everywhere])))
-
-    # the leader is the best backend over the whole profile: one shape's short compile-time timing (opt's, say,
-    # hit by a descheduled thread) must not hand every close shape to another backend
-    leader = min(usable, key=lambda name: (overall(name), usable.index(name))) if everywhere else usable[0]
-
-    def pick(candidates: list[str], cost: Callable[[str], float]) -> str:
-        """The fastest, but the leader keeps a shape unless another backend is clearly faster: compile-time
-        timings are short, and every extra backend in a session costs (see AutoPlan)."""
-        best = min(candidates, key=lambda name: (cost(name), usable.index(name)))
-        if leader in candidates and best != leader and not cost(best) < SWITCH_MARGIN * cost(leader):
-            return leader
-        return best
-
-    routes: dict[ShapeKey, str] = {}
-    for point in points:
-        measured = [name for name in usable if point in record.artifacts[name].latency_us]
-        if measured:
-            best = pick(measured, lambda name: p50(name, point))
-            shape = record.artifacts[best].latency_us[point].shape
-            routes.setdefault(tuple(tuple(int(d) for d in shape[n]) for n in record.inputs), best)
-    timed = {name: unbucketed_p50(record.artifacts[name]) for name in usable}
-    if "onnxruntime" in timed and "opt" in quiet:
-        timed["onnxruntime"] = float(quiet["opt"])
-    fallback = pick(usable, lambda name: timed[name])
-    if timed[fallback] == float("inf"):
-        fallback = usable[0]
-    return routes, fallback
+    When the manifest records no route, or names a backend that cannot run here (`usable`: verified and runnable,
+    best first), every shape goes to the best usable backend on its own: a mix was never measured on this machine.
+    """
+    facts = NetworkFacts.of(record.facts)
+    table = dict(facts.auto_routes)
+    fallback = table.pop(OTHER, None)
+    needed = {fallback, *table.values()}
+    if fallback is None or not needed <= set(usable):
+        lost = sorted(str(b) for b in needed - set(usable)) if fallback is not None else []
+        why = f"recorded route needs {', '.join(lost)}, which cannot run here" if lost else "no recorded route"
+        return AutoPlan({}, usable[0], True, f"{usable[0]} alone: {why}")
+    routes = {parse_label(label): name for label, name in table.items()}
+    spinning = facts.auto_onnxruntime_spinning
+    return AutoPlan(routes, fallback, bool(spinning) if spinning is not None else len(needed) == 1, "recorded",
+                    facts.auto_onnxruntime_threads)
 
 
-def auto_routes(record: NetworkRecord, usable: list[str]) -> AutoPlan:
-    """`auto`: per measured shape the usable backend with the lowest p50 there, for other shapes the lowest
-    `unbucketed_p50`; a backend takes a shape from the leader (lowest geometric-mean p50 over the shapes) only when
-    more than 15% faster there. Only verified backends that can run here (`usable`, best first) count. When that
-    mixes ONNX Runtime with another backend, ORT runs without spinning and the routes are re-chosen with its latency
-    so."""
-    routes, fallback = _best_routes(record, usable, quiet_ort=False)
-    chosen = set(routes.values()) | {fallback}
-    if "onnxruntime" in chosen and len(chosen) > 1:
-        routes, fallback = _best_routes(record, usable, quiet_ort=True)
-        chosen = set(routes.values()) | {fallback}
-    return AutoPlan(routes, fallback, onnxruntime_spinning=chosen == {"onnxruntime"} or "onnxruntime" not in chosen)
-
-
-__all__ = ["SWITCH_MARGIN", "AutoPlan", "auto_routes", "ranked_backends", "unbucketed_p50", "unbucketed_variant"]
+__all__ = ["GAIN", "NOISE", "OTHER", "RECONFIGURED", "AutoPlan", "RouteChoice", "choose_route", "parse_label", "ranked_backends",
+           "recorded_plan", "unbucketed_p50", "unbucketed_variant"]

@@ -17,11 +17,9 @@ class OnnxRuntimeFacts(ArtifactFacts):
     providers: list[str] = Field(default_factory=list, description="exactly the providers the session opens with")
     intra_op_threads: int | None = Field(None, description="intra-op threads (ONNX Runtime's default when absent)")
     allow_spinning: bool | None = Field(
-        None, description="False: the pool does not spin between calls (set by `auto` when ORT shares the process)")
+        None, description="False: the pool does not spin between calls (a mixed `auto` route, as compile measured it)")
     graph_optimization: str | None = None
     onnxruntime: str | None = Field(None, description="the ONNX Runtime version that proved the session")
-    latency_without_spinning_us: dict[str, float] = Field(
-        default_factory=dict, description="p50 per named point with spinning off: what `auto` ranks in a mix")
     int8: dict[str, Any] | None = Field(None, description="dynamic quantization's report, when int8 was asked for")
 
     @property
