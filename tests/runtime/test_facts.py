@@ -25,8 +25,9 @@ def test_every_compiled_fact_reads_back_typed_and_unchanged(tiny_compiled: Path)
     policy = read_manifest(tiny_compiled).networks["policy"]
     tvm = facts_of("tvm", policy.artifacts["tvm"].facts)
     assert isinstance(tvm, TvmFacts) and tvm.on_cpu and tvm.shape_builds and tvm.gate_passed("padded")
-    assert [f.path for f in tvm.companion_files()] == [b["file"]["path"]
-                                                      for b in policy.artifacts["tvm"].facts["shape_builds"]]
+    assert [f.path for f in tvm.companion_files()] == [
+        *(b["file"]["path"] for b in policy.artifacts["tvm"].facts["shape_builds"]),
+        policy.artifacts["tvm"].facts["params"]["file"]["path"]]
     assert NetworkFacts.of(policy.facts).auto_routes["other"] in policy.artifacts
 
 
