@@ -144,7 +144,6 @@ def _in_rollout() -> bool:
     return any(frame.function == "rollout_failures" for frame in inspect.stack())
 
 
-TVM_CANNOT_IMPORT = {"recurrent", "maskable"}
 SLOW_AGENTS = ["ppo", "a2c_vecnorm", "sac", "td3", "dqn", "recurrent", "maskable", "cnn", "dict"]
 
 
@@ -157,11 +156,8 @@ def test_every_algorithm_compiles_from_its_zip(name: str, agents_dir: Path, tmp_
     if pkl is not None:
         args += ["--vecnormalize", str(pkl)]
     code, stdout, stderr = run_cli(args, capsys)
-    report = json.loads(stdout[stdout.find("{\n"):])   # TVM's ONNX importer prints to stdout when it fails
-    # Known limit: TVM's Relax ONNX frontend cannot import the LSTM step (recurrent) or the mask (maskable) graphs
-    known = [f for f in report["failures"] if f.startswith("actor/tvm: build failed") and name in TVM_CANNOT_IMPORT]
-    assert code == (1 if known else 0), stderr
-    assert report["failures"] == known
+    report = json.loads(stdout)
+    assert code == 0 and report["failures"] == [], stderr
     manifest = report["manifest"]
     rollout = manifest["networks"]["actor"]["facts"]["rollout"]
     built = [b for b, r in manifest["networks"]["actor"]["artifacts"].items()
