@@ -28,7 +28,10 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 
 def test_compile_ppo_zip_with_rollout(agents_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
     import gymnasium
+    import yaml
     from stable_baselines3 import PPO
 
     import rlopt
@@ -39,12 +42,16 @@ def test_compile_ppo_zip_with_rollout(agents_dir: Path, tmp_path: Path, capsys: 
     assert code == 0, stderr
     report = json.loads(stdout)
     assert report["passed"]
-    assert "sb3:" in (out / "recipe.yaml").read_text()
+    stored = yaml.safe_load((out / "recipe.yaml").read_text())["model"]
+    assert stored["sb3"] == os.path.relpath(zip_path, out)   # relative to MODEL_DIR: the folder can move
     rollout = report["manifest"]["networks"]["actor"]["facts"]["rollout"]
     assert set(rollout) == {"torchscript", "onnxruntime"}
     assert all(r["agreement"] == 1.0 and r["steps"] == 1000 for r in rollout.values())
     with np.load(out / "actor" / "reference.npz") as reference:   # the visited observations joined the reference
         assert reference["rollout:in:obs"].shape == (64, 1, 4)
+    assert report["manifest"]["networks"]["actor"]["facts"]["rollout_reference"] == {
+        "visited": 1000, "kept": 64, "max_samples": 64, "cap_bytes": 50_000_000,
+        "bytes": (out / "actor" / "reference.npz").stat().st_size}
     assert any(s.startswith("rollout ") for s in report["manifest"]["networks"]["actor"]["artifacts"]
                ["onnxruntime"]["parity"]["shapes"])
     model = PPO.load(zip_path, device="cpu")
