@@ -22,6 +22,21 @@ from rlopt.backends.base import flatten_outputs
 
 META_STATE = "meta:state"
 DEFAULT_INTEGER_RANGE = (0, 9)
+REFERENCE_BYTES = 50_000_000   # reference.npz stays under this: extra points (an agent's rollout) are subsampled
+
+
+def evenly_spaced(count: int, keep: int) -> np.ndarray:
+    """Indices of `keep` of `count` samples, spread evenly from the first to the last."""
+    if keep <= 0 or count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.linspace(0, count - 1, min(keep, count)).round().astype(np.int64))
+
+
+def room_for(arrays: dict[str, np.ndarray], sample_bytes: int, budget: int | None = None) -> int:
+    """How many more samples of `sample_bytes` fit beside `arrays` under `budget` (default REFERENCE_BYTES)."""
+    budget = REFERENCE_BYTES if budget is None else budget
+    used = sum(int(value.nbytes) for value in arrays.values())
+    return max(0, (budget - used) // max(1, sample_bytes))
 
 
 def is_mask(name: str, shape: list[int]) -> bool:

@@ -15,6 +15,7 @@ from rlopt.compile.engine import Engine, Reporter, Silent, tool_versions
 from rlopt.compile.frontend import ModelSource, model_source
 from rlopt.compile.network import compile_network
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
+from rlopt.compile.sources import stored_recipe
 from rlopt.compile.stage import Context
 from rlopt.errors import UsageError, located
 from rlopt.locking import exclusive_lock
@@ -77,7 +78,8 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
         remove_stale_partials(out_dir)
         staging = staging_dir(out_dir)
         try:
-            (staging / "recipe.yaml").write_text(recipe.resolved_yaml(), encoding="utf-8")
+            stored = stored_recipe(recipe, recipe_path, out_dir)
+            (staging / "recipe.yaml").write_text(stored.resolved_yaml(), encoding="utf-8")
             source = source or model_source(recipe, recipe_path)
             model, _ = source.load()
             networks: dict[str, NetworkRecord] = {}
@@ -99,7 +101,7 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             manifest = Manifest(
                 schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=tool_versions(),
-                machine=machine_facts(), recipe_sha256=recipe.sha256(),
+                machine=machine_facts(), recipe_sha256=stored.sha256(),
                 recipe=file_record(staging, staging / "recipe.yaml"), networks=networks,
             ).seal()
             write_json(staging / MANIFEST_NAME, manifest.model_dump(mode="json"))

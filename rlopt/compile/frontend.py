@@ -82,6 +82,7 @@ class Script(Stage):
 
 class RecordReference(Stage):
     name, inputs, outputs, cached = "reference", ("module",), ("reference.npz",), True
+    helpers = ("rlopt.reference", "rlopt.compile.sources")
 
     def config(self, ctx: Context) -> Any:
         verify = ctx.recipe.verify

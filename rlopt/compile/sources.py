@@ -38,6 +38,26 @@ class Sb3Source:
         return agent_model(self.agent), facts
 
 
+def stored_recipe(recipe: Recipe, recipe_path: Path, model_dir: Path) -> Recipe:
+    """The recipe as MODEL_DIR/recipe.yaml holds it: an agent's zip and statistics relative to MODEL_DIR, so the
+    folder can be moved or copied along with them and recompiled from its own recipe."""
+    import os
+
+    spec = recipe.model
+    if spec.sb3 is None:
+        return recipe
+    base = Path(os.path.abspath(model_dir))
+
+    def rebase(value: str | None) -> str | None:
+        if value is None:
+            return None
+        target = Path(os.path.abspath(recipe_path.parent / value))
+        return Path(os.path.relpath(target, base)).as_posix()
+
+    model = spec.model_copy(update={"sb3": rebase(spec.sb3), "vecnormalize": rebase(spec.vecnormalize)})
+    return recipe.model_copy(update={"model": model})
+
+
 def rollout_failures(source: Sb3Source, recipe: Recipe, staging: Path, record: Any) -> list[str]:
     """`verify.rollout` for network `actor`: every verified backend vs predict; reports go to record.facts."""
     import numpy as np
@@ -66,7 +86,24 @@ def rollout_failures(source: Sb3Source, recipe: Recipe, staging: Path, record: A
             failures.append(f"actor/{backend}: rollout: {report.disagreed} of {report.steps} actions differ "
                             f"from predict")
     record.facts["rollout"] = reports
+    record.facts["rollout_reference"] = rollout_reference(staging / "actor" / "reference.npz", names[0],
+                                                          rollout.steps)
     return failures
+
+
+def rollout_reference(path: Path, first_input: str, steps: int) -> dict[str, Any]:
+    """What of the rollout joined reference.npz: samples kept of the steps visited, under the file's byte cap."""
+    import numpy as np
+
+    from rlopt.reference import REFERENCE_BYTES
+
+    kept = 0
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as data:
+            key = f"rollout:in:{first_input}"
+            kept = int(data[key].shape[0]) if key in data.files else 0
+    return {"visited": steps, "kept": kept, "max_samples": ROLLOUT_SAMPLES, "cap_bytes": REFERENCE_BYTES,
+            "bytes": path.stat().st_size if path.is_file() else 0}
 
 
 ROLLOUT_SAMPLES = 64   # visited observations kept in reference.npz (point `rollout`, batch 1 each)
@@ -80,6 +117,7 @@ def rollout_feeds(source: Sb3Source, recipe: Recipe, module: Any, names: list[st
     import torch
 
     from rlopt.backends.base import flatten_outputs
+    from rlopt.reference import evenly_spaced
     from rlopt.sb3 import rollout_check
 
     rollout = recipe.verify.rollout
@@ -93,21 +131,31 @@ def rollout_feeds(source: Sb3Source, recipe: Recipe, module: Any, names: list[st
     report = rollout_check(source.agent, rollout.env, infer=eager, steps=rollout.steps, seed=rollout.seed,
                            atol=recipe.verify.atol)
     count = len(report.inputs[names[0]]) if report.inputs else 0
-    index = np.unique(np.linspace(0, count - 1, min(ROLLOUT_SAMPLES, count)).astype(int)) if count else []
+    index = evenly_spaced(count, ROLLOUT_SAMPLES)
     return {n: report.inputs[n][index][:, None] for n in names} if count else {}
 
 
 def add_rollout_point(reference: Any, module: Any, feeds: dict[str, Any]) -> None:
-    """Point `rollout` of reference.npz: the visited inputs and the eager module's outputs for each."""
+    """Point `rollout` of reference.npz: the visited inputs and the eager module's outputs for each, as many as
+    fit under REFERENCE_BYTES beside the random samples (evenly spaced along the rollout)."""
     import numpy as np
     import torch
 
     from rlopt.backends.base import flatten_outputs
+    from rlopt.reference import evenly_spaced, room_for
 
     if not feeds:
         return
     names, per_output = reference.input_names, {n: [] for n in reference.output_names}
-    for i in range(len(feeds[names[0]])):
+    count = len(feeds[names[0]])
+    with torch.inference_mode():
+        first = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][0])) for n in names]))
+    sample_bytes = sum(int(feeds[n][0].nbytes) for n in names) + sum(int(v.numpy().nbytes) for v in first)
+    index = evenly_spaced(count, room_for(reference.arrays, sample_bytes))
+    if not len(index):
+        return
+    feeds = {n: feeds[n][index] for n in names}
+    for i in range(len(index)):
         with torch.inference_mode():
             result = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][i])) for n in names]))
         for name, value in zip(reference.output_names, result):
@@ -118,4 +166,4 @@ def add_rollout_point(reference: Any, module: Any, feeds: dict[str, Any]) -> Non
         reference.arrays[f"rollout:out:{name}"] = np.stack(values)
 
 
-__all__ = ["ROLLOUT_SAMPLES", "Sb3Source", "add_rollout_point", "rollout_failures", "rollout_feeds"]
+__all__ = ["ROLLOUT_SAMPLES", "Sb3Source", "add_rollout_point", "rollout_failures", "rollout_feeds", "stored_recipe"]

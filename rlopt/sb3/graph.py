@@ -63,17 +63,18 @@ class ToFloat(nn.Module):
 
 
 class OneHot(nn.Module):
-    """Discrete / MultiDiscrete observations: concatenated one-hots of each entry, float32."""
+    """Discrete / MultiDiscrete observations: concatenated one-hots of each entry, float32. Entries are taken with
+    `select` on dim 1: `x[:, i]` adds a Slice on the batch dim whose symbolic size TVM's frontend cannot unify."""
 
     def __init__(self, sizes: list[int]) -> None:
         super().__init__()
         self.sizes = [int(n) for n in sizes]
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x.to(torch.int64).reshape(x.shape[0], -1)
+        x = x.to(torch.int64).reshape(-1, len(self.sizes))
         parts: List[Tensor] = []
         for i, n in enumerate(self.sizes):
-            parts.append(torch.nn.functional.one_hot(x[:, i], n).to(torch.float32))
+            parts.append(torch.nn.functional.one_hot(x.select(1, i), n).to(torch.float32))
         return torch.cat(parts, dim=1)
 
 
@@ -100,8 +101,15 @@ class LSTMStep(nn.Module):
 
 
 class _LSTMLayer(nn.Module):
+    """The gates are sliced on dim 1 at constant offsets (`narrow`): `chunk` exports as Shape -> Gather -> Slice,
+    which TVM's Relax ONNX frontend cannot import (shape_of on a shape), and `gates[:, a:b]` adds a Slice on the
+    batch dim whose symbolic result (min(INT64_MAX, batch)) no longer matches the batch of the state."""
+
+    __constants__ = ["hidden"]
+
     def __init__(self, lstm: Any, k: int) -> None:
         super().__init__()
+        self.hidden = int(lstm.hidden_size)
         self.w_ih = nn.Parameter(getattr(lstm, f"weight_ih_l{k}").detach().clone())
         self.w_hh = nn.Parameter(getattr(lstm, f"weight_hh_l{k}").detach().clone())
         zeros = torch.zeros(self.w_ih.shape[0])
@@ -111,7 +119,8 @@ class _LSTMLayer(nn.Module):
     def forward(self, x: Tensor, h: Tensor, c: Tensor) -> Tuple[Tensor, Tensor]:
         gates = torch.nn.functional.linear(x, self.w_ih, self.b_ih) + torch.nn.functional.linear(h, self.w_hh,
                                                                                                   self.b_hh)
-        i, f, g, o = gates.chunk(4, dim=1)
+        n = self.hidden
+        i, f, g, o = gates.narrow(1, 0, n), gates.narrow(1, n, n), gates.narrow(1, 2 * n, n), gates.narrow(1, 3 * n, n)
         c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c2), c2
 
@@ -165,10 +174,11 @@ class BoxAction(nn.Module):
 
 
 class Mask(nn.Module):
-    """MaskablePPO: illegal actions' scores to -inf (SB3 uses -1e8; the argmax over legal actions is the same)."""
+    """MaskablePPO: illegal actions' scores to -inf (SB3 uses -1e8; the argmax over legal actions is the same).
+    A scalar fill, not `full_like`: that exports as Shape -> ConstantOfShape, which TVM's frontend cannot import."""
 
     def forward(self, scores: Tensor, legal: Tensor) -> Tensor:
-        return torch.where(legal, scores, torch.full_like(scores, -math.inf))
+        return scores.masked_fill(torch.logical_not(legal), -math.inf)
 
 
 # The network's forward, generated per signature: positional tensors in, fixed outputs, no lists across modules

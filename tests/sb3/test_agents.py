@@ -20,7 +20,12 @@ ort = pytest.importorskip("onnxruntime")
 from rlopt.sb3 import (actor_inputs, actor_module, actor_outputs, load_agent, rollout_check, script,  # noqa: E402
                        value_module, value_outputs)
 
-STEPS = 100   # per agent in the default suite (900 steps over the nine); 1000 each under -m slow
+STEPS = 100   # per agent in the default suite; 1000 each under -m slow
+DEFAULT = ("ppo", "a2c_vecnorm", "recurrent", "maskable")   # one per behaviour; the rest run under -m slow
+
+
+def some_slow(names: list[str] | tuple[str, ...], default: tuple[str, ...] = DEFAULT) -> list[object]:
+    return [name if name in default else pytest.param(name, marks=pytest.mark.slow) for name in names]
 _CACHE: dict[str, Any] = {}
 
 
@@ -66,7 +71,7 @@ def assert_actions(agent: Any, reference: np.ndarray, got: np.ndarray) -> None:
         np.testing.assert_allclose(got, reference, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(AGENTS))
+@pytest.mark.parametrize("name", some_slow(list(AGENTS)))
 def test_actor_matches_predict_eager_scripted_and_onnxruntime(name: str, agents_dir: Path,
                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     case = rollout(name, agents_dir, tmp_path_factory)
@@ -116,7 +121,7 @@ def test_recurrent_state_fed_back_over_episodes(agents_dir: Path, tmp_path_facto
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["ppo", "a2c_vecnorm", "dqn", "dict", "cnn", "maskable"])
+@pytest.mark.parametrize("name", some_slow(["ppo", "a2c_vecnorm", "dqn", "dict", "cnn", "maskable"], ("ppo",)))
 def test_value_network_matches_sb3(name: str, agents_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     case = rollout(name, agents_dir, tmp_path_factory)
     agent, report = case["agent"], case["report"]

@@ -210,3 +210,33 @@ def test_multidiscrete_observations_and_actions(tmp_path: Path) -> None:
     report = rollout_check(agent, "rlopt-test/MultiDiscrete-v0", steps=30,
                            infer=lambda feeds: scripted(torch.from_numpy(feeds["obs"])).numpy())
     assert report.passed and report.reference_actions.shape == (30, 2), report.summary()
+
+
+def test_entries_inference_does_not_need_are_never_unpickled(agents_dir: Path, tmp_path: Path) -> None:
+    """Every serialized entry rlopt passes as `custom_objects` is replaced by a pickle that fails when loaded
+    (a global from a module that does not exist): SB3's own load fails on it, rlopt's never unpickles it."""
+    import base64
+
+    from stable_baselines3 import PPO
+
+    from rlopt.sb3.agent import CUSTOM_OBJECTS
+
+    poisoned = base64.b64encode(b"crlopt_no_such_module\nboom\n.").decode()
+    source, target = agents_dir / "ppo.zip", tmp_path / "ppo.zip"
+    replaced = []
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for item in old.infolist():
+            content = old.read(item.filename)
+            if item.filename == "data":
+                data = json.loads(content)
+                for key, value in data.items():
+                    if key in CUSTOM_OBJECTS and isinstance(value, dict) and ":serialized:" in value:
+                        value[":serialized:"] = poisoned
+                        replaced.append(key)
+                content = json.dumps(data).encode()
+            new.writestr(item, content)
+    assert {"lr_schedule", "clip_range", "rollout_buffer_class", "_last_obs"} <= set(replaced)
+    with pytest.raises(ImportError, match="rlopt_no_such_module"):
+        PPO.load(target, device="cpu")
+    agent = load_agent(target)
+    assert agent.algorithm == "PPO" and agent.model.lr_schedule(1.0) == 0.0
