@@ -197,6 +197,41 @@ def record_reference(module: Any, spec: NetworkSpec, samples: int, seed: int, *,
     return Reference(arrays, list(spec.inputs), list(spec.outputs), state)
 
 
+def rerecord_reference(module: Any, spec: NetworkSpec, old: Reference, *, recipe_path: Path,
+                       network: str) -> Reference:
+    """PyTorch's outputs again on `old`'s inputs: a refit keeps its samples (rollout ones included) and records
+    what the new weights give; with recurrent state, each later step gets the new weights' own fed-back state."""
+    import torch
+
+    arrays = {key: value for key, value in old.arrays.items() if key.startswith("meta:")}
+    state = dict(old.state)
+    for point in old.points:
+        steps = old.steps(point) if state else 1
+        shapes = {name: list(old.arrays[f"{point}:in:{name}"].shape[1:]) for name in old.input_names}
+        prefixes = [f"{point}:"] + [f"{point}:step{k}:" for k in range(1, steps)]
+        per_input: dict[tuple[int, str], list[np.ndarray]] = {(k, n): [] for k in range(steps) for n in spec.inputs}
+        per_output: dict[tuple[int, str], list[np.ndarray]] = {(k, n): [] for k in range(steps) for n in spec.outputs}
+        for sample in range(old.samples(point)):
+            previous: dict[str, np.ndarray] = {}
+            for k in range(steps):
+                feeds = old.step_feeds(point, sample, k) if k else old.feeds(point, sample)
+                for state_input, state_output in state.items():
+                    if k:
+                        feeds[state_input] = previous[state_output].astype(feeds[state_input].dtype)
+                outputs = _run(torch, module, spec, feeds, recipe_path=recipe_path, network=network, point=point,
+                               shapes=shapes)
+                previous = dict(zip(spec.outputs, outputs))
+                for name in spec.inputs:
+                    per_input[(k, name)].append(feeds[name])
+                for name in spec.outputs:
+                    per_output[(k, name)].append(previous[name])
+        for (k, name), values in per_input.items():
+            arrays[f"{prefixes[k]}in:{name}"] = np.stack(values)
+        for (k, name), values in per_output.items():
+            arrays[f"{prefixes[k]}out:{name}"] = np.stack(values)
+    return Reference(arrays, list(spec.inputs), list(spec.outputs), state)
+
+
 def _run(torch: Any, module: Any, spec: NetworkSpec, feeds: dict[str, np.ndarray], *, recipe_path: Path,
          network: str, point: str, shapes: dict[str, list[int]]) -> list[np.ndarray]:
     try:

@@ -89,7 +89,7 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
     from rlopt.refit.checkpoint import check_state
     from rlopt.refit.drift import reference_drift
     from rlopt.refit.weight_map import apply_weight_map
-    from rlopt.reference import record_reference
+    from rlopt.reference import rerecord_reference
     from rlopt.stages.load_model import submodule
     from rlopt.stages.script import weights_sha256
 
@@ -103,8 +103,7 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
     inputs, outputs = list(spec.inputs), list(spec.outputs)
     old_reference = Reference.load(folder / "reference.npz", inputs, outputs)
     with torch.no_grad():
-        reference = record_reference(module, spec, verify.samples, verify.seed, recipe_path=recipe_path,
-                                     network=name, steps=verify.steps)
+        reference = rerecord_reference(module, spec, old_reference, recipe_path=recipe_path, network=name)
     reference.save(folder / "reference.npz")
     apply_weight_map(folder / "model.onnx", old.facts["onnx"]["weight_map"], state)
     padded = repad(folder, old.facts, recipe) if "model.padded.onnx" in old.files else None
