@@ -22,8 +22,9 @@ demo: venv
 	$(BIN)/rlopt verify $(DEMO_DIR)
 	$(BIN)/rlopt warmup --model_dir $(DEMO_DIR) --profile recipes/warmup_profiles/chatbot.json --duration 5 --concurrency 4
 
+# Two pytest workers, one per core; a test file stays on one worker, so its module fixtures are built once.
 test: venv
-	$(BIN)/python -m pytest -q -m "not slow and not gpu"
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2 --dist loadfile
 
 test-all: venv
 	$(BIN)/python -m pytest -q -m "not gpu"

@@ -97,11 +97,26 @@ def auto_routes(model_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def refit_section(models: list[Model], work_dir: Path, runs: int) -> tuple[Any, str | None]:
-    """REFIT HOOK: the lead wires scripts/bench_refit.py here after merging, e.g.
-    `from bench_refit import measure_refit; return measure_refit(recipe, work_dir, runs), <its Markdown>` per
-    bundled recipe. Until then nothing is measured and the doc says so."""
-    del models, work_dir, runs
-    return None, None
+    """Refit against a cold compile of the default recipe (scripts/bench_refit.py in its own process, so this
+    process stays free of torch), when the default recipe is among the models; its JSON and a Markdown table."""
+    if not any(m.name == "policy-value-heads" for m in models):
+        return None, None
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("bench_refit.py")), "--runs", str(runs),
+                           "--work-dir", str(work_dir / "refit")], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-400:]}, f"Refit: the measurement failed: {done.stderr.strip()[-200:]}"
+    refit = json.loads(done.stdout)
+    reload = ", ".join(f"{name} {ms:.0f} ms" for name, ms in refit["reload_median_ms"].items())
+    markdown = "\n".join([
+        "### Refit against a cold compile (default recipe, medians)", "",
+        f"Backends: {', '.join(refit['backends'])}; {refit['runs']} runs, each command in its own process.", "",
+        "| measure | median | goal |", "|---|---|---|",
+        f"| cold `rlopt compile --json` seconds | {refit['compile_cold_median_s']:.2f} s | |",
+        f"| `rlopt refit --json` seconds | {refit['refit_cli_median_s']:.2f} s | |",
+        f"| refit / cold compile | {refit['refit_over_compile']:.3f} | <= 0.2 |",
+        f"| `rlopt.refit` in a warm process | {refit['refit_in_process_median_s']:.3f} s | <= 0.5 s |",
+        f"| `Session.reload` | {reload} | <= 200 ms |"])
+    return refit, markdown
 
 
 def main(argv: list[str] | None = None) -> int:
