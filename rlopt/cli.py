@@ -62,9 +62,7 @@ def compile_command(
         stderr.print(f"[yellow]warning[/] {warning}", markup=True, highlight=False)
     if not result.passed:
         stderr.print(parity_failure_table(result.manifest))
-        for failure in result.failures:
-            stderr.print(f"[red]FAIL[/] {failure}")
-        raise typer.Exit(1)
+        _exit_failed(result.failures)
 
 
 @app.command("refit")
@@ -81,7 +79,7 @@ def refit_command(
 
     from rlopt.logs import stdout_kept_for_json
     from rlopt.refit import refit_model_dir
-    from rlopt.render import stderr, stdout
+    from rlopt.render import stdout
 
     with stdout_kept_for_json() if json_out else contextlib.nullcontext():
         result = refit_model_dir(model_dir, checkpoint, output, vecnormalize=vecnormalize)
@@ -98,40 +96,35 @@ def refit_command(
         if result.passed:
             stdout.print(f"refitted {result.model_dir} in {result.seconds:.2f} s")
     if not result.passed:
-        for failure in result.failures:
-            stderr.print(f"[red]FAIL[/] {failure}")
-        stderr.print("nothing was replaced")
-        raise typer.Exit(1)
+        _exit_failed(result.failures, "nothing was replaced")
+
+
+def _exit_failed(failures: list[str], note: str | None = None) -> None:
+    """Each failure as one FAIL line on stderr, then `note`; exit 1 (the contract's parity-failure code)."""
+    from rlopt.render import stderr
+
+    for failure in failures:
+        stderr.print(f"[red]FAIL[/] {failure}")
+    if note:
+        stderr.print(note)
+    raise typer.Exit(1)
 
 
 @app.command("verify")
 def verify_command(model_dir: Annotated[Path, typer.Argument(help="A compiled MODEL_DIR.")],
                    json_out: JsonFlag = False) -> None:
     """Re-check the sha256 of every artifact and re-run parity against the recorded reference."""
-    from rich.table import Table
-
-    from rlopt.render import parity_text, stderr, stdout
+    from rlopt.render import stdout, verify_table
     from rlopt.verify import verify_model_dir
 
     report = verify_model_dir(model_dir)
     if json_out:
-        _print_json({"model_dir": str(model_dir), "passed": report.passed,
-                     "findings": [{"network": f.network, "subject": f.subject, "ok": f.ok, "detail": f.detail,
-                                   "parity": f.parity.model_dump(mode="json") if f.parity else None}
-                                  for f in report.findings]})
+        _print_json(report.as_json())
     else:
-        table = Table(title=f"verify {model_dir}")
-        for column in ("network", "file / backend", "result", "detail"):
-            table.add_column(column, overflow="fold")
-        for f in report.findings:
-            detail = f.detail + (f" ({parity_text(f.parity)})" if f.parity else "")
-            table.add_row(f.network, f.subject, "[green]ok[/]" if f.ok else "[red]FAIL[/]", detail)
-        stdout.print(table)
+        stdout.print(verify_table(report))
     if not report.passed:
-        for f in report.findings:
-            if not f.ok:
-                stderr.print(f"[red]FAIL[/] {f.detail if f.parity is None else f'{f.network}/{f.subject}: {f.detail}'}")
-        raise typer.Exit(1)
+        _exit_failed([f.detail if f.parity is None else f"{f.network}/{f.subject}: {f.detail}"
+                      for f in report.findings if not f.ok])
 
 
 @app.command("inspect")

@@ -29,6 +29,12 @@ Kind = Literal["policy", "value", "generic"]
 PROFILE_POINTS: tuple[str, ...] = ("min", "opt", "max")
 
 
+
+def _require_some(value: Any, message: str) -> None:
+    """The validators' shared refusal of an empty list or mapping."""
+    if not value:
+        raise ValueError(message)
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
@@ -200,15 +206,13 @@ class NetworkSpec(_Strict):
     @field_validator("inputs")
     @classmethod
     def _inputs(cls, value: dict[str, InputSpec]) -> dict[str, InputSpec]:
-        if not value:
-            raise ValueError("a network needs at least one input")
+        _require_some(value, "a network needs at least one input")
         return value
 
     @field_validator("outputs")
     @classmethod
     def _outputs(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("a network needs at least one output name")
+        _require_some(value, "a network needs at least one output name")
         if len(set(value)) != len(value):
             raise ValueError(f"output names must be unique, got {value}")
         return value
@@ -313,8 +317,7 @@ class Recipe(_Strict):
     def _networks(cls, value: dict[str, NetworkSpec]) -> dict[str, NetworkSpec]:
         import re
 
-        if not value:
-            raise ValueError("a recipe needs at least one network")
+        _require_some(value, "a recipe needs at least one network")
         for name in value:
             if not re.match(NAME_PATTERN, name):
                 raise ValueError(f"network name '{name}' must match {NAME_PATTERN} (it names a folder)")
@@ -323,8 +326,7 @@ class Recipe(_Strict):
     @field_validator("backends")
     @classmethod
     def _backends(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("list at least one backend")
+        _require_some(value, "list at least one backend")
         return list(dict.fromkeys(value))
 
     @field_validator("pad_gemm")

@@ -136,6 +136,12 @@ class VerifyReport:
     def passed(self) -> bool:
         return bool(self.findings) and all(f.ok for f in self.findings)
 
+    def as_json(self) -> dict[str, Any]:
+        return {"model_dir": str(self.model_dir), "passed": self.passed,
+                "findings": [{"network": f.network, "subject": f.subject, "ok": f.ok, "detail": f.detail,
+                              "parity": f.parity.model_dump(mode="json") if f.parity else None}
+                             for f in self.findings]}
+
 
 def tolerance_of(network: NetworkRecord) -> Tolerance:
     return Tolerance(network.tolerance["atol"], network.tolerance["rtol"], network.tolerance["max_kl"])

@@ -10,28 +10,20 @@ from __future__ import annotations
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
+from rlopt.compile.driver import CompileResult
 from rlopt.errors import UsageError, located
 from rlopt.manifest import MANIFEST_NAME, Manifest, NetworkRecord, read_manifest, write_json
 from rlopt.recipe import Recipe
 
 
-@dataclass
-class RefitResult:
-    model_dir: Path
-    manifest: Manifest
-    failures: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
+class RefitResult(CompileResult):
+    """What a refit wrote and found: the same shape as a compile's result (`warnings` stays empty)."""
 
 
 def refit(model_dir: Path | str, checkpoint: Path | str, out: Path | str | None = None, *,

@@ -19,6 +19,7 @@ from rich.table import Table
 from rlopt.manifest import Manifest, Parity
 
 if TYPE_CHECKING:
+    from rlopt.verify import VerifyReport
     from typing_extensions import Self
 
     from rlopt.logs import NativeLog
@@ -134,6 +135,17 @@ def parity_failure_table(manifest: Manifest) -> Table:
                               escape(out.reason or "outside atol/rtol"))
             if record.parity.compared == 0:
                 table.add_row(name, backend, "-", "-", "-", "-", "-", "nothing was compared")
+    return table
+
+
+def verify_table(report: VerifyReport) -> Table:
+    """One row per finding of `rlopt verify`: the file or backend, ok or FAIL, and the parity it measured."""
+    table = Table(title=f"verify {report.model_dir}")
+    for column in ("network", "file / backend", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for f in report.findings:
+        detail = f.detail + (f" ({parity_text(f.parity)})" if f.parity else "")
+        table.add_row(f.network, f.subject, "[green]ok[/]" if f.ok else "[red]FAIL[/]", detail)
     return table
 
 

@@ -29,8 +29,9 @@ CONTROL_FLOW = {"If", "Loop", "Scan"}
 Shapes = dict[str, list[int]]
 # TVM's te.TagScope (entered by every topi compute that Relax legalization calls) is one process-global
 # slot: two imports legalizing at once fail with "nested op_tag is not allowed for now" or a bare
-# AssertionError (seen in tvm_build's thread pool under load). Imports take turns; compiles stay parallel.
-_LEGALIZE_LOCK = threading.Lock()
+# AssertionError (seen in tvm_build's thread pool under load; with weights as parameters from_onnx itself raised
+# one too). Whole imports take turns; compiles stay parallel.
+_IMPORT_LOCK = threading.Lock()
 
 
 def _constant_values(graph: Any) -> dict[str, np.ndarray]:
@@ -340,22 +341,23 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *,
     model, facts = prepare_onnx(onnx_model, shapes)
     if weights_as_params:
         facts["params"] = split_weights(model)
-    mod = from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=weights_as_params)
-    if weights_as_params:
-        mod, _ = relax.frontend.detach_params(mod)  # the values stay out of the library
-    mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-    # tanh/exp/erf lower to scalar libm calls per element (tanh was ~60% of the tuned value head at
-    # [8,16,768]); the fast forms vectorize, differ by ~3e-7 here, and the parity gate checks them anyway
-    mod = relax.transform.FastMathTransform()(mod)
-    facts["fast_math"] = True
-    with _LEGALIZE_LOCK, target:
-        mod = _fused_with_params(mod) if weights_as_params else relax.get_pipeline("zero")(mod)
-    if shapes is not None:
-        # weights may be re-laid-out by a tuned schedule (packed tiles): 52 vs 75 us for the tuned default
-        # policy at [4,8,768]; baked weights (constants) and parameters after `num_input` are both layout-free
-        mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
-        facts["weight_prepack"] = True
-    facts["fused_kernels"] = fused_kernels(mod)
+    with _IMPORT_LOCK:
+        mod = from_onnx(model, shape_dict=dict(shapes) if shapes else None, keep_params_in_input=weights_as_params)
+        if weights_as_params:
+            mod, _ = relax.frontend.detach_params(mod)  # the values stay out of the library
+        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
+        # tanh/exp/erf lower to scalar libm calls per element (tanh was ~60% of the tuned value head at
+        # [8,16,768]); the fast forms vectorize, differ by ~3e-7 here, and the parity gate checks them anyway
+        mod = relax.transform.FastMathTransform()(mod)
+        facts["fast_math"] = True
+        with target:
+            mod = _fused_with_params(mod) if weights_as_params else relax.get_pipeline("zero")(mod)
+        if shapes is not None:
+            # weights may be re-laid-out by a tuned schedule (packed tiles): 52 vs 75 us for the tuned default
+            # policy at [4,8,768]; baked weights (constants) and parameters after `num_input` are both layout-free
+            mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
+            facts["weight_prepack"] = True
+        facts["fused_kernels"] = fused_kernels(mod)
     return mod, facts
 
 
