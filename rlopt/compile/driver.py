@@ -17,7 +17,7 @@ from rlopt.compile.network import compile_network
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
 from rlopt.compile.sources import stored_recipe
 from rlopt.compile.stage import Context
-from rlopt.errors import UsageError, located
+from rlopt.errors import RloptError, UsageError, located
 from rlopt.locking import exclusive_lock
 from rlopt.machine import machine_facts
 from rlopt.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, NetworkRecord, file_record, write_json
@@ -135,4 +135,10 @@ def compile_agent(zip_path: Path | str, out_dir: Path | str | None = None, *, ve
     with tempfile.TemporaryDirectory(prefix="rlopt-agent-") as folder:
         recipe_path = Path(folder) / "recipe.yaml"
         recipe_path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-        return compile_recipe(recipe_path, out_dir, **options)
+        named = f"{zip_path} (its generated recipe)"  # the temporary recipe is gone when the user reads the line
+        try:
+            result = compile_recipe(recipe_path, out_dir, **options)
+        except RloptError as exc:
+            raise type(exc)(str(exc).replace(str(recipe_path), named)) from None
+        result.failures = [failure.replace(str(recipe_path), named) for failure in result.failures]
+        return result
