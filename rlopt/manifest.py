@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -154,6 +155,21 @@ class Manifest(_Model):
                 located(model_dir / MANIFEST_NAME, "networks", f"no network '{name}'", f"use one of: {known}")
             )
         return self.networks[name]
+
+
+@dataclass
+class BuildResult:
+    """What a compile or a refit wrote: the MODEL_DIR, its manifest, the failures (none when it passed)."""
+
+    model_dir: Path
+    manifest: Manifest
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
 
 
 def sha256_file(path: Path) -> str:

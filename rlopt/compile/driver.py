@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,21 +19,13 @@ from rlopt.compile.stage import Context
 from rlopt.errors import RloptError, UsageError, located
 from rlopt.locking import exclusive_lock
 from rlopt.machine import machine_facts
-from rlopt.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, NetworkRecord, file_record, write_json
+from rlopt.manifest import (MANIFEST_NAME, SCHEMA_VERSION, BuildResult, Manifest, NetworkRecord, file_record,
+                            write_json)
 from rlopt.recipe import BACKENDS, Recipe, load_recipe
 
 
-@dataclass
-class CompileResult:
-    model_dir: Path
-    manifest: Manifest
-    failures: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
+class CompileResult(BuildResult):
+    """What `rlopt compile` wrote and found."""
 
 
 def resolve_options(recipe: Recipe, backends: list[str] | None, tune_trials: int | None, recipe_path: Path) -> Recipe:

@@ -16,13 +16,12 @@ from typing import Any, Iterator
 
 import yaml
 
-from rlopt.compile.driver import CompileResult
 from rlopt.errors import UsageError, located
-from rlopt.manifest import MANIFEST_NAME, Manifest, NetworkRecord, read_manifest, write_json
+from rlopt.manifest import MANIFEST_NAME, BuildResult, Manifest, NetworkRecord, read_manifest, write_json
 from rlopt.recipe import Recipe
 
 
-class RefitResult(CompileResult):
+class RefitResult(BuildResult):
     """What a refit wrote and found: the same shape as a compile's result (`warnings` stays empty)."""
 
 

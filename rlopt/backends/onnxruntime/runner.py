@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from rlopt.backends.base import Runner
-from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
+from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.backends.onnxruntime.session import make_session
 
 
@@ -21,9 +21,25 @@ class OnnxRuntimeRunner(Runner):
         self._session = make_session(path, threads=facts.intra_op_threads, providers=facts.session_providers,
                                      spinning=False if facts.allow_spinning is False else None)
         self._output_names = [o.name for o in self._session.get_outputs()]
+        self._cpu_only = facts.session_providers == [CPU_PROVIDER]
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return list(self._session.run(self._output_names, feeds))
+
+    def bound_call(self, signature: tuple[Any, ...],
+                   output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
+        """The session's C++ `run` straight from the Session's hot path: `InferenceSession.run` re-validates the
+        feed names and wraps provider fallback on every call (~3 us of 12 at batch 1 of a small MLP), which a
+        checked signature does not need; a CPU-only session has no provider to fall back from."""
+        native = getattr(self._session, "_sess", None)
+        if not self._cpu_only or native is None:
+            return None
+        run, fetched, inputs = native.run, self._output_names, self.input_names
+
+        def call(arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
+            return dict(zip(output_names, run(fetched, dict(zip(inputs, arrays)), None)))
+
+        return call
 
     def close(self) -> None:
         self._session = None
