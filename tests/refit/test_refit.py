@@ -188,13 +188,17 @@ def test_max_drift_kl_exits_1_and_replaces_nothing(model_copy: Path, tmp_path: P
     assert read_manifest(model_copy).networks["policy"].drift.kl_max == pytest.approx(0.0, abs=1e-12)
 
 
-def test_failure_midway_replaces_nothing(model_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _with_hook(monkeypatch: pytest.MonkeyPatch, backend: str, hook: str, model_copy: Path, tmp_path: Path) -> Path:
+    """`backend`'s refit hook replaced by `hook` of this module; a checkpoint with new weights."""
     from rlopt.backends import BACKENDS
 
-    monkeypatch.setitem(BACKENDS, "onnxruntime", dataclasses.replace(
-        BACKENDS["onnxruntime"], refit="tests.refit.test_refit:_raising_hook"))
+    monkeypatch.setitem(BACKENDS, backend, dataclasses.replace(BACKENDS[backend], refit=f"tests.refit.test_refit:{hook}"))
+    return save_state(perturbed_state(_recipe_folder(model_copy)), tmp_path / "new.pt")
+
+
+def test_failure_midway_replaces_nothing(model_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     before = _listing(model_copy)
-    checkpoint = save_state(perturbed_state(_recipe_folder(model_copy)), tmp_path / "new.pt")
+    checkpoint = _with_hook(monkeypatch, "onnxruntime", "_raising_hook", model_copy, tmp_path)
     with pytest.raises(RuntimeError, match="disk full"):
         rlopt.refit(model_copy, checkpoint)
     assert _listing(model_copy) == before
@@ -203,12 +207,8 @@ def test_failure_midway_replaces_nothing(model_copy: Path, tmp_path: Path, monke
 
 def test_a_hook_that_breaks_the_artifact_fails_the_gate(model_copy: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlopt.backends import BACKENDS
-
-    monkeypatch.setitem(BACKENDS, "torchscript", dataclasses.replace(
-        BACKENDS["torchscript"], refit="tests.refit.test_refit:_stale_hook"))
     before = _listing(model_copy)
-    checkpoint = save_state(perturbed_state(_recipe_folder(model_copy)), tmp_path / "new.pt")
+    checkpoint = _with_hook(monkeypatch, "torchscript", "_stale_hook", model_copy, tmp_path)
     with pytest.raises(VerificationError, match="torchscript: parity failed.*nothing was replaced"):
         rlopt.refit(model_copy, checkpoint)
     assert _listing(model_copy) == before
