@@ -51,8 +51,13 @@ verify:
 
 @pytest.fixture(scope="session", autouse=True)
 def private_stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tests (and the CLI subprocesses they start) use their own stage cache, never the user's."""
-    root = tmp_path_factory.mktemp("rlopt-cache")
+    """Tests (and the CLI subprocesses they start) use their own stage cache, never the user's; the workers of
+    one pytest-xdist run share it (entries are renamed into place), so a compile one worker did is a hit."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "rlopt-cache"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("rlopt-cache")
     os.environ["RLOPT_CACHE"] = str(root)
     return root
 
