@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -150,28 +150,59 @@ class Reference:
         return cls(arrays, input_names, output_names)
 
 
+FeedsOf = Callable[[int, int], dict[str, np.ndarray]]  # (sample, step) -> that call's inputs
+
+
 def record_reference(module: Any, spec: NetworkSpec, samples: int, seed: int, *, recipe_path: Path,
                      network: str, steps: int = 4) -> Reference:
     """Run the eager PyTorch module on random inputs at each profile point.
 
     With recurrent `state`, each sample runs `steps` steps, PyTorch's own next state fed back.
     """
-    import torch
-
     rng = np.random.default_rng(seed)
     default_range = embedding_range(module)
-    arrays: dict[str, np.ndarray] = {}
     state = dict(spec.state)
     steps = steps if state else 1
-    for point, shapes in spec.points().items():
+
+    def fresh(shapes: dict[str, list[int]]) -> FeedsOf:
+        return lambda sample, step: {name: random_input(rng, s, shapes[name], name=name, default_range=default_range)
+                                     for name, s in spec.inputs.items()}
+
+    plan = {point: (shapes, samples, steps, fresh(shapes)) for point, shapes in spec.points().items()}
+    return _record(module, spec, state, plan, recipe_path=recipe_path, network=network)
+
+
+def rerecord_reference(module: Any, spec: NetworkSpec, old: Reference, *, recipe_path: Path,
+                       network: str) -> Reference:
+    """PyTorch's outputs again on `old`'s inputs: a refit keeps its samples (rollout ones included) and records
+    what the new weights give; with recurrent state, each later step gets the new weights' own fed-back state."""
+    state = dict(old.state)
+
+    def recorded(point: str) -> FeedsOf:
+        return lambda sample, step: old.step_feeds(point, sample, step) if step else old.feeds(point, sample)
+
+    plan = {point: ({name: list(old.arrays[f"{point}:in:{name}"].shape[1:]) for name in old.input_names},
+                    old.samples(point), old.steps(point) if state else 1, recorded(point)) for point in old.points}
+    meta = {key: value for key, value in old.arrays.items() if key.startswith("meta:")}
+    return _record(module, spec, state, plan, recipe_path=recipe_path, network=network, arrays=meta)
+
+
+def _record(module: Any, spec: NetworkSpec, state: dict[str, str],
+            plan: dict[str, tuple[dict[str, list[int]], int, int, FeedsOf]], *, recipe_path: Path, network: str,
+            arrays: dict[str, np.ndarray] | None = None) -> Reference:
+    """PyTorch's outputs per point of `plan` (shapes, samples, steps, the feeds of (sample, step)); from step 1 on,
+    each state input is PyTorch's own previous state output, checked to have the state input's shape."""
+    import torch
+
+    arrays = dict(arrays or {})
+    for point, (shapes, samples, steps, feeds_of) in plan.items():
         prefixes = [f"{point}:"] + [f"{point}:step{k}:" for k in range(1, steps)]
-        per_input = {(k, name): [] for k in range(steps) for name in spec.inputs}
-        per_output = {(k, name): [] for k in range(steps) for name in spec.outputs}
-        for _ in range(samples):
+        per_input: dict[tuple[int, str], list[np.ndarray]] = {(k, n): [] for k in range(steps) for n in spec.inputs}
+        per_output: dict[tuple[int, str], list[np.ndarray]] = {(k, n): [] for k in range(steps) for n in spec.outputs}
+        for sample in range(samples):
             previous: dict[str, np.ndarray] = {}
             for k in range(steps):
-                feeds = {name: random_input(rng, s, shapes[name], name=name, default_range=default_range)
-                         for name, s in spec.inputs.items()}
+                feeds = feeds_of(sample, k)
                 for state_input, state_output in state.items():
                     if k:
                         feeds[state_input] = previous[state_output].astype(feeds[state_input].dtype)
@@ -190,41 +221,6 @@ def record_reference(module: Any, spec: NetworkSpec, samples: int, seed: int, *,
                 for name in spec.outputs:
                     per_output[(k, name)].append(named[name])
                 previous = named
-        for (k, name), values in per_input.items():
-            arrays[f"{prefixes[k]}in:{name}"] = np.stack(values)
-        for (k, name), values in per_output.items():
-            arrays[f"{prefixes[k]}out:{name}"] = np.stack(values)
-    return Reference(arrays, list(spec.inputs), list(spec.outputs), state)
-
-
-def rerecord_reference(module: Any, spec: NetworkSpec, old: Reference, *, recipe_path: Path,
-                       network: str) -> Reference:
-    """PyTorch's outputs again on `old`'s inputs: a refit keeps its samples (rollout ones included) and records
-    what the new weights give; with recurrent state, each later step gets the new weights' own fed-back state."""
-    import torch
-
-    arrays = {key: value for key, value in old.arrays.items() if key.startswith("meta:")}
-    state = dict(old.state)
-    for point in old.points:
-        steps = old.steps(point) if state else 1
-        shapes = {name: list(old.arrays[f"{point}:in:{name}"].shape[1:]) for name in old.input_names}
-        prefixes = [f"{point}:"] + [f"{point}:step{k}:" for k in range(1, steps)]
-        per_input: dict[tuple[int, str], list[np.ndarray]] = {(k, n): [] for k in range(steps) for n in spec.inputs}
-        per_output: dict[tuple[int, str], list[np.ndarray]] = {(k, n): [] for k in range(steps) for n in spec.outputs}
-        for sample in range(old.samples(point)):
-            previous: dict[str, np.ndarray] = {}
-            for k in range(steps):
-                feeds = old.step_feeds(point, sample, k) if k else old.feeds(point, sample)
-                for state_input, state_output in state.items():
-                    if k:
-                        feeds[state_input] = previous[state_output].astype(feeds[state_input].dtype)
-                outputs = _run(torch, module, spec, feeds, recipe_path=recipe_path, network=network, point=point,
-                               shapes=shapes)
-                previous = dict(zip(spec.outputs, outputs))
-                for name in spec.inputs:
-                    per_input[(k, name)].append(feeds[name])
-                for name in spec.outputs:
-                    per_output[(k, name)].append(previous[name])
         for (k, name), values in per_input.items():
             arrays[f"{prefixes[k]}in:{name}"] = np.stack(values)
         for (k, name), values in per_output.items():
