@@ -236,6 +236,8 @@ def bench_command(
     recipe: Annotated[Optional[Path], typer.Option("--recipe", help="The recipe given to 'rlopt compile', for the "
                                                    "PyTorch eager and torch.compile baselines.")] = None,
     budget: Annotated[float, typer.Option("--budget", help="Seconds of timed rounds per shape.")] = 2.0,
+    flops: Annotated[bool, typer.Option("--flops/--no-flops", help="Count FLOPs per shape for GFLOP/s "
+                                        "(torch's FLOP counter; its first use takes seconds).")] = True,
     json_out: JsonFlag = False,
 ) -> None:
     """Latency of every built backend and the PyTorch / ONNX Runtime baselines, per profile shape, interleaved."""
@@ -245,7 +247,7 @@ def bench_command(
     from rlopt.tools.bench.driver import run_bench
 
     with native_output_to_log("bench") as log, bench_progress(stderr) as progress:
-        report = run_bench(model_dir, network, recipe, budget_s=budget, progress=progress)
+        report = run_bench(model_dir, network, recipe, budget_s=budget, progress=progress, count_flops=flops)
     if json_out:
         _print_json(report.model_dump(mode="json"))
     else:

@@ -14,12 +14,13 @@ from tests.tools.common import CORES, ORT_BASELINES, check_shapes, process_alive
 
 
 def test_cli_json_without_recipe_skips_eager_with_the_reason(ort_compiled: Path) -> None:
-    proc = run_rlopt("bench", str(ort_compiled), "--network", "value", "--budget", "0.05", "--json")
+    proc = run_rlopt("bench", str(ort_compiled), "--network", "value", "--budget", "0.05", "--no-flops", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["kind"] == "rlopt-bench" and report["machine"]["threads"]["usable_cores"] == CORES
     [network] = report["networks"]
     assert network["network"] == "value" and network["eager_source"] is None
+    assert [s["gflop"] for s in network["shapes"]] == [None] * 3  # --no-flops
     rlopt_rows = runnable_backends(ort_compiled, "value")
     assert rlopt_rows == {"rlopt onnxruntime"}
     check_shapes(network, rlopt_rows | {"rlopt auto", "torchscript module"} | ORT_BASELINES)

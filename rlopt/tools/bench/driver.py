@@ -265,7 +265,7 @@ def flop_counter(workers: list[Worker]) -> Worker | None:
 def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None, budget_s: float,
                   progress: Callable[[str], None], torch_compile: bool = True, cores: int = 0,
                   extra_candidates: Sequence[CandidateSpec] = (), rounds: int | None = None,
-                  protocol: bool = False) -> NetworkBench:
+                  protocol: bool = False, count_flops: bool = True) -> NetworkBench:
     record = manifest.network(network, model_dir)
     reference = load_reference(model_dir, record)
     skipped: list[Skip] = []
@@ -301,7 +301,7 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
             shape = reference.shape(point)
             progress(f"{network}: {point} {shape}: {len(live)} candidates, "
                      + (f"{rounds} rounds" if rounds else f"~{budget_s:g} s"))
-            counter = flop_counter(live)
+            counter = flop_counter(live) if count_flops else None
             for worker in live:
                 worker.at(point, worker is counter)
             bounds = {"min_rounds": rounds, "max_rounds": rounds} if rounds else {}
@@ -325,13 +325,14 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
 def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | str | None = None, *,
               budget_s: float = DEFAULT_BUDGET_S, progress: Callable[[str], None] | None = None,
               torch_compile: bool = True, extra_candidates: Sequence[CandidateSpec] = (),
-              rounds: int | None = None, protocol: bool = False) -> BenchReport:
+              rounds: int | None = None, protocol: bool = False, count_flops: bool = True) -> BenchReport:
     """Bench one network (or all) of a MODEL_DIR; see the module docstring for what is compared and how.
 
     `torch_compile=False` leaves torch.compile out (its first compile takes many seconds); tests use it.
     `extra_candidates` are benched beside the built-in ones, for every network (tests inject failing ones).
     `rounds`: exactly that many interleaved rounds per shape instead of a time budget. `protocol`: the
-    candidate set scripts/bench.py's protocol reads (candidates.candidate_specs).
+    candidate set scripts/bench.py's protocol reads (candidates.candidate_specs). `count_flops=False` leaves
+    GFLOP and GFLOP/s out: torch's FlopCounterMode imports torch._dynamo on first use (about 2 s).
     """
     from rlopt.compile import tool_versions
 
@@ -350,7 +351,7 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
     names = [network] if network else list(manifest.networks)
     results = [bench_network(model_dir, manifest, name, Path(recipe) if recipe else None, budget_s,
                              progress or (lambda _: None), torch_compile, len(cores), extra_candidates, rounds,
-                             protocol)
+                             protocol, count_flops)
                for name in names]
     threads = {"usable_cores": len(cores), "torch_threads": torch_threads(results)}
     machine = machine_facts() | {"threads": threads, "load_average_start": load_start,
