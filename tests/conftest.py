@@ -7,13 +7,15 @@ test that damages one copies it first (`copy_model_dir`, or the `tiny_copy` fixt
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import pytest
 
@@ -79,6 +81,17 @@ def write_tiny_recipe(folder: Path, backends: str = ALL_BACKENDS, extra: str = "
 CompileFactory = Callable[..., Path]
 
 
+@contextmanager
+def _compile_lock(cache_root: Path, key: str) -> Iterator[None]:
+    """Two pytest-xdist workers asking for the same compile: the second waits, then hits the shared stage cache."""
+    with open(cache_root / f"compile-{key[:16]}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory: pytest.TempPathFactory, private_stage_cache: Path) -> CompileFactory:
     """`compiled(recipe, backends=None, name="recipe.yaml", files=None) -> MODEL_DIR`, one compile per session.
@@ -102,22 +115,26 @@ def compiled(tmp_path_factory: pytest.TempPathFactory, private_stage_cache: Path
             identity = ["text", recipe, name, *sorted((files or {}).items())]
         key = hashlib.sha256(repr((identity, list(backends or []))).encode()).hexdigest()
         if key not in done:
-            folder = tmp_path_factory.mktemp("compiled")
-            if isinstance(recipe, Path):
-                path = recipe
-            else:
-                shutil.copytree(RECIPES / "models", folder / "models")
-                shutil.copytree(TEST_MODELS, folder / "models", dirs_exist_ok=True)
-                for relative, text in (files or {}).items():
-                    (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-                    (folder / relative).write_text(text)
-                path = folder / name
-                path.write_text(recipe)
-            result = compile_recipe(path, folder / "out", backends=list(backends) if backends else None,
-                                    cache=StageCache(private_stage_cache))
-            assert result.passed, result.failures
-            done[key] = result.model_dir
+            with _compile_lock(private_stage_cache, key):
+                done[key] = _compile_into(tmp_path_factory.mktemp("compiled"), recipe, backends, name, files)
         return done[key]
+
+    def _compile_into(folder: Path, recipe: Path | str, backends: Sequence[str] | None, name: str,
+                      files: dict[str, str] | None) -> Path:
+        if isinstance(recipe, Path):
+            path = recipe
+        else:
+            shutil.copytree(RECIPES / "models", folder / "models")
+            shutil.copytree(TEST_MODELS, folder / "models", dirs_exist_ok=True)
+            for relative, text in (files or {}).items():
+                (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+                (folder / relative).write_text(text)
+            path = folder / name
+            path.write_text(recipe)
+        result = compile_recipe(path, folder / "out", backends=list(backends) if backends else None,
+                                cache=StageCache(private_stage_cache))
+        assert result.passed, result.failures
+        return result.model_dir
 
     return compile_once
 

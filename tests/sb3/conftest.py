@@ -6,6 +6,7 @@ registered here under an id so rollouts can `gymnasium.make` it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import warnings
@@ -99,7 +100,8 @@ def agents_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
                           + sb3_contrib.__version__ + torch.__version__).encode()).hexdigest()[:12]
     cache = getattr(request.config, "cache", None)   # absent under -p no:cacheprovider: train into a temp dir
     folder = Path(cache.mkdir(f"rlopt-sb3-agents-{key}")) if cache else tmp_path_factory.mktemp("sb3-agents")
-    with warnings.catch_warnings():
+    with open(folder / "train.lock", "w") as lock, warnings.catch_warnings():  # xdist workers train once
+        fcntl.flock(lock, fcntl.LOCK_EX)
         warnings.simplefilter("ignore")
         for name in AGENTS:
             if not (folder / f"{name}.zip").is_file():

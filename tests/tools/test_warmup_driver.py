@@ -1,6 +1,6 @@
 """rlopt.tools.warmup.driver: runs on the tiny MODEL_DIR: the report and plot, consistency under load, SLO, Ctrl-C.
 
-Runs use 1-2 s durations on the tiny MODEL_DIR; nothing here asserts a wall-clock threshold.
+Runs use 0.5-1 s durations on the tiny MODEL_DIR; nothing here asserts a wall-clock threshold.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_bad_profile_through_the_cli_is_one_line_exit_2(ort_copy: Path, tmp_path
 
 def test_slo_missed_exits_1(ort_copy: Path, tmp_path: Path) -> None:
     profile = write_profile(tmp_path, with_changes(slo={"p99_ms": 1e-6}))
-    proc = run_rlopt("warmup", str(ort_copy), "--profile", str(profile), "--duration", "1", "--backend",
+    proc = run_rlopt("warmup", str(ort_copy), "--profile", str(profile), "--duration", "0.5", "--backend",
                      "onnxruntime", "--json")
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
@@ -119,7 +119,7 @@ def test_divergence_under_load_is_reported_and_exits_1(ort_copy: Path, tmp_path:
     install_noisy_onnxruntime(monkeypatch, noise=1e-2)
     profile = write_profile(tmp_path, TINY_PROFILE)
     with pytest.raises(SystemExit) as exit_info:
-        main(["warmup", str(ort_copy), "--profile", str(profile), "--duration", "1", "--backend", "onnxruntime",
+        main(["warmup", str(ort_copy), "--profile", str(profile), "--duration", "0.5", "--backend", "onnxruntime",
               "--json"])
     assert exit_info.value.code == 1
     report = json.loads(capsys.readouterr().out)
@@ -135,7 +135,7 @@ def test_divergence_under_load_is_reported_and_exits_1(ort_copy: Path, tmp_path:
 def test_noise_within_atol_is_consistent(ort_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same double with noise below the network's atol (1e-4) passes: the check uses the recipe's atol."""
     install_noisy_onnxruntime(monkeypatch, noise=1e-6)
-    result = run_warmup(ort_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=1, backend="onnxruntime")
+    result = run_warmup(ort_copy, write_profile(tmp_path, TINY_PROFILE), duration_s=0.5, backend="onnxruntime")
     assert result.report.consistency.passed and result.report.passed
     assert 0 < result.report.consistency.max_abs_diff <= 1e-4
 
