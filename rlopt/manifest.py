@@ -45,14 +45,17 @@ class FileRecord(_Model):
 
 
 class OutputParity(_Model):
+    """One output of one backend against PyTorch, over every sample compared (contract section 7)."""
+
     name: str
-    max_abs: float
-    max_rel: float
-    needed_atol: float
+    max_abs: float = Field(description="largest |backend - PyTorch| over finite values; inf on a NaN/inf mismatch")
+    max_rel: float = Field(description="largest |backend - PyTorch| / |PyTorch|")
+    needed_atol: float = Field(description="the smallest atol that would pass at the recipe's rtol")
     passed: bool
-    kl: float | None = None
-    argmax_agree: float | None = None
-    reason: str = ""
+    kl: float | None = Field(default=None, description="a policy head (its first output): largest KL(PyTorch || backend) of a row")
+    argmax_agree: float | None = Field(default=None, description="a categorical policy head: share of rows whose "
+                                       "argmax agrees")
+    reason: str = Field(default="", description="why it failed, naming the shape or step")
 
 
 class Parity(_Model):

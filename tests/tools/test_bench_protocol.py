@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench import Skip, run_bench
-from rlopt.tools.bench.candidates import AA_SUFFIX, candidate_specs
+from rlopt.tools.bench.candidates import AA_SUFFIX, OPENERS, CandidateKind, candidate_specs
 from rlopt.tools.bench.protocol import aa_noise, ort_best, paired_ratio, shape_ratios, spread, verdict
 from tests.tools.common import CORES, ORT_BASELINES
 
@@ -74,8 +75,9 @@ def test_the_protocol_set_is_auto_eager_and_each_onnxruntime_session_twice(tiny_
     for name, twin in twins.items():
         plain = next(spec for spec in specs if spec.name == name.removesuffix(AA_SUFFIX))
         assert (twin.kind, twin.threads, twin.model_dir) == (plain.kind, plain.threads, plain.model_dir)
-    full = [spec.name for spec in candidate_specs(tiny_compiled, manifest, "policy", None, True, CORES, [])]
-    assert not [n for n in full if n.endswith(AA_SUFFIX)] and "torchscript module" in full
+    full = candidate_specs(tiny_compiled, manifest, "policy", None, True, CORES, [])
+    assert not [s.name for s in full if s.name.endswith(AA_SUFFIX)] and "torchscript module" in {s.name for s in full}
+    assert {s.kind for s in specs + full} <= set(OPENERS) == set(get_args(CandidateKind))
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from rlopt.tools.bench.schema import Skip
 Call = Callable[[], object]
 
 
+CandidateKind = Literal["rlopt", "eager", "torch.compile", "torchscript", "onnxruntime", "sb3", "factory"]
+
+
 @dataclass(frozen=True)
 class CandidateSpec:
     """What a worker builds, picklable: `kind` picks the opener (see OPENERS), the rest are its arguments.
@@ -54,7 +57,7 @@ class CandidateSpec:
     name: str
     group: str
     note: str
-    kind: str
+    kind: CandidateKind
     model_dir: str
     network: str
     backend: str | None = None
@@ -334,7 +337,7 @@ def _open_factory(spec: CandidateSpec) -> OpenCandidate:
     return opened
 
 
-OPENERS: dict[str, Callable[[CandidateSpec], OpenCandidate]] = {
+OPENERS: dict[CandidateKind, Callable[[CandidateSpec], OpenCandidate]] = {
     "rlopt": _open_rlopt, "eager": _open_eager, "torch.compile": _open_torch_compile,
     "torchscript": _open_torchscript, "onnxruntime": _open_onnxruntime, "sb3": _open_sb3,
     "factory": _open_factory}
@@ -359,6 +362,7 @@ def count_gflop(module: Any, input_names: list[str], feeds: dict[str, np.ndarray
 
 __all__ = [
     "AA_SUFFIX",
+    "CandidateKind",
     "OPENERS",
     "Call",
     "CandidateSpec",
