@@ -96,13 +96,18 @@ def auto_routes(model_dir: Path) -> dict[str, dict[str, str]]:
     return {name: dict(record.facts.get("auto_routes", {})) for name, record in read_manifest(model_dir).networks.items()}
 
 
+REFIT_LATENCY_ROUNDS = 8  # the latency check's interleaved rounds: about a minute of benching
+
+
 def refit_section(models: list[Model], work_dir: Path, runs: int) -> tuple[Any, str | None]:
     """Refit against a cold compile of the default recipe (scripts/bench_refit.py in its own process, so this
-    process stays free of torch), when the default recipe is among the models; its JSON and a Markdown table."""
+    process stays free of torch), when the default recipe is among the models; its JSON and a Markdown table,
+    with the refitted MODEL_DIR's latency against two fresh compiles per backend and shape."""
     if not any(m.name == "policy-value-heads" for m in models):
         return None, None
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("bench_refit.py")), "--runs", str(runs),
-                           "--work-dir", str(work_dir / "refit")], capture_output=True, text=True)
+                           "--latency-rounds", str(REFIT_LATENCY_ROUNDS), "--work-dir", str(work_dir / "refit")],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-400:]}, f"Refit: the measurement failed: {done.stderr.strip()[-200:]}"
     refit = json.loads(done.stdout)
@@ -116,7 +121,31 @@ def refit_section(models: list[Model], work_dir: Path, runs: int) -> tuple[Any, 
         f"| refit / cold compile | {refit['refit_over_compile']:.3f} | <= 0.2 |",
         f"| `rlopt.refit` in a warm process | {refit['refit_in_process_median_s']:.3f} s | <= 0.5 s |",
         f"| `Session.reload` | {reload} | <= 200 ms |"])
-    return refit, markdown
+    return refit, markdown + refit_latency_markdown(refit.get("latency"))
+
+
+def refit_latency_markdown(latency: dict[str, Any] | None) -> str:
+    """The latency check as a table: per network, backend and shape, refitted / fresh1 against fresh2 / fresh1."""
+    if not latency:
+        return ""
+    lines = ["", "", "### Refitted MODEL_DIR latency against two fresh compiles (default recipe)", "",
+             f"Per shape, {latency['rounds']} interleaved rounds, each candidate in its own process; ratios paired "
+             f"per round. Within = refitted / fresh1 lies between 1 and fresh2 / fresh1 (within 5%: that interval "
+             f"widened by the protocol's 5% tolerance). Passed (none outside): {'yes' if latency['passed'] else 'no'}."
+             + "".join(f" {name}: {', '.join(record['not_compared'])} not built, not compared."
+                       for name, record in latency["networks"].items() if record.get("not_compared")), "",
+             "| network | backend | shape | fresh1 us | refitted / fresh1 | fresh2 / fresh1 | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for network, record in latency["networks"].items():
+        for shape in record["shapes"]:
+            dims = "x".join(str(d) for dims in shape["shape"].values() for d in dims)
+            for row in shape["backends"]:
+                if "refit_over_fresh1" not in row:
+                    lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | | | | {row['verdict']} |")
+                    continue
+                lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | {row['fresh1_us']:.1f} | "
+                             f"{row['refit_over_fresh1']:.3f} | {row['fresh2_over_fresh1']:.3f} | {row['verdict']} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,23 @@
 """Refit against recompiling: cold `rlopt compile --json` vs `rlopt refit --json` seconds, each in its own
-process, plus the in-process `rlopt.refit` and `Session.reload` medians.
+process, plus the in-process `rlopt.refit` and `Session.reload` medians, and the refitted MODEL_DIR's latency
+against two fresh compiles from the same new weights.
 
-`measure_refit(recipe, work_dir, runs)` is what scripts/bench.py calls; standalone it prints the JSON.
-Only backends with a refit hook are compiled (the registry says which), so the two sides build the same
-artifacts. The new weights are the recipe's model with every floating-point entry moved by 1% noise.
+`measure_refit(recipe, work_dir, runs, latency_rounds)` is what scripts/bench.py calls; standalone it prints the
+JSON (`--latency-only`: just the latency check). Only backends with a refit hook are compiled (the registry says
+which), so every side builds the same artifacts. The new weights are the recipe's model with every
+floating-point entry moved by 1% noise.
 
-usage: python scripts/bench_refit.py [--runs 3] [--work-dir DIR] [RECIPE]
+The latency check (`measure_refit_latency`): compile from weights A, refit to B, compile from B twice (each
+`rlopt` command in its own process, with its own empty stage cache); then per network one `rlopt bench` run
+(the bench protocol: every candidate in its own process, interleaved rounds) with the refitted MODEL_DIR's and
+both fresh ones' backends as extra candidates. Per backend and profile shape it reports refitted / fresh1 and
+fresh2 / fresh1 (paired per round, median over rounds) and a verdict: "within" when refitted / fresh1 lies in
+[min(1, spread), max(1, spread)], the spread being fresh2 / fresh1; "within 5%" when it lies in that interval
+widened by the bench protocol's TOLERANCE (1.05, rlopt.tools.bench.protocol); else "outside". The check passes
+when no backend is outside at any shape. Backends not built in all three MODEL_DIRs (TensorRT without a GPU)
+are listed as not compared.
+
+usage: python scripts/bench_refit.py [--runs 3] [--latency-rounds 8] [--latency-only] [--work-dir DIR] [RECIPE]
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,9 +74,10 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
 
 
-def measure_refit(recipe: Path | str, work_dir: Path | str, runs: int = 3) -> dict[str, Any]:
+def measure_refit(recipe: Path | str, work_dir: Path | str, runs: int = 3, latency_rounds: int = 0) -> dict[str, Any]:
     """Per run: a cold compile (empty cache) and a refit of it, each `rlopt ... --json` in its own process;
-    then in this process, after one warm-up call, `runs` timed `rlopt.refit` and `Session.reload` calls."""
+    then in this process, after one warm-up call, `runs` timed `rlopt.refit` and `Session.reload` calls; then,
+    with `latency_rounds`, the latency check on the first run's compile and refit."""
     import rlopt
 
     recipe, work_dir = Path(recipe).resolve(), Path(work_dir)
@@ -98,7 +112,9 @@ def measure_refit(recipe: Path | str, work_dir: Path | str, runs: int = 3) -> di
                 session.reload(work_dir / "warm" if run % 2 == 0 else base)
                 times.append((time.perf_counter() - started) * 1e3)
         reload_ms[network] = round(statistics.median(times), 2)
-    return {"recipe": recipe.name, "backends": backends, "runs": runs,
+    latency = (measure_refit_latency(recipe, work_dir, latency_rounds, refitted=work_dir / "refit-0",
+                                     checkpoint=checkpoint) if latency_rounds else None)
+    return {"recipe": recipe.name, "backends": backends, "runs": runs, "latency": latency,
             "compile_cold_seconds": compile_s, "refit_cli_seconds": refit_s,
             "compile_cold_median_s": _median(compile_s), "refit_cli_median_s": _median(refit_s),
             "refit_over_compile": round(statistics.median(refit_s) / statistics.median(compile_s), 3),
@@ -106,17 +122,114 @@ def measure_refit(recipe: Path | str, work_dir: Path | str, runs: int = 3) -> di
             "load_average": os.getloadavg()[0]}
 
 
+def fresh_recipe(recipe: Path, checkpoint: Path, folder: Path) -> Path:
+    """`recipe` with `model.checkpoint` = `checkpoint`, beside copies of what it reads relative to itself (its
+    models/ and its `<name>.tuning` database): compiling it is compiling the original with the new weights."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    document = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    document["model"]["checkpoint"] = str(checkpoint.resolve())
+    for sibling in (recipe.parent / "models", recipe.with_suffix(".tuning")):
+        if sibling.is_dir():
+            shutil.copytree(sibling, folder / sibling.name, dirs_exist_ok=True)
+    path = folder / recipe.name
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def latency_verdicts(rounds_us: dict[str, list[float]], backends: list[str]) -> list[dict[str, Any]]:
+    """Per backend at one shape: refitted / fresh1 and fresh2 / fresh1 (paired per round) and whether the first
+    lies within the spread of the two fresh compiles; a backend without all three candidates says which lack."""
+    from rlopt.tools.bench.protocol import TOLERANCE, paired_ratio
+
+    rows = []
+    for backend in backends:
+        names = {side: f"{side} {backend}" for side in ("refitted", "fresh1", "fresh2")}
+        missing = [name for name in names.values() if not rounds_us.get(name)]
+        if missing:
+            rows.append({"backend": backend, "verdict": f"not measured: no timings of {', '.join(missing)}"})
+            continue
+        refit = paired_ratio(rounds_us[names["refitted"]], rounds_us[names["fresh1"]])
+        spread = paired_ratio(rounds_us[names["fresh2"]], rounds_us[names["fresh1"]])
+        low, high = min(1.0, spread), max(1.0, spread)
+        verdict = ("within" if low <= refit <= high else
+                   "within 5%" if low / TOLERANCE <= refit <= high * TOLERANCE else "outside")
+        rows.append({"backend": backend, "refit_over_fresh1": round(refit, 4), "fresh2_over_fresh1": round(spread, 4),
+                     "fresh1_us": round(statistics.median(rounds_us[names["fresh1"]]), 2), "verdict": verdict})
+    return rows
+
+
+def measure_refit_latency(recipe: Path | str, work_dir: Path | str, rounds: int = 8, *,
+                          refitted: Path | None = None, checkpoint: Path | None = None) -> dict[str, Any]:
+    """The refitted MODEL_DIR against two fresh compiles from the same weights, per backend and profile shape
+    (module docstring). `refitted` (with its `checkpoint`) reuses a refit already made from a cold compile."""
+    recipe, work_dir = Path(recipe).resolve(), Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    backends = refittable_backends(recipe)
+    flags = [arg for name in backends for arg in ("--backend", name)]
+    if refitted is None or checkpoint is None:
+        checkpoint = new_checkpoint(recipe, work_dir / "new.pt")
+        base, refitted = work_dir / "latency-a", work_dir / "latency-refit"
+        _rlopt("compile", str(recipe), "-o", str(base), *flags, cache=work_dir / "cache-latency-a")
+        _rlopt("refit", str(base), "--checkpoint", str(checkpoint), "-o", str(refitted),
+               cache=work_dir / "cache-latency-a")
+    recipe_b = fresh_recipe(recipe, checkpoint, work_dir / "recipe-b")
+    sides = {"refitted": refitted}
+    for index in (1, 2):
+        sides[f"fresh{index}"] = work_dir / f"fresh-{index}"
+        _rlopt("compile", str(recipe_b), "-o", str(sides[f"fresh{index}"]), *flags,
+               cache=work_dir / f"cache-fresh-{index}")
+    return compare_latency(sides, backends, rounds)
+
+
+def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int) -> dict[str, Any]:
+    """The bench half of the latency check: `sides` names the MODEL_DIRs 'refitted', 'fresh1' and 'fresh2'."""
+    from rlopt.manifest import read_manifest
+    from rlopt.tools.bench import CandidateSpec, run_bench
+
+    networks: dict[str, Any] = {}
+    manifests = {side: read_manifest(folder) for side, folder in sides.items()}
+    for network in manifests["refitted"].networks:
+        built = [backend for backend in backends if all(
+            (record := manifest.networks[network].artifacts.get(backend)) is not None and record.verified
+            for manifest in manifests.values())]
+        extra = [CandidateSpec(f"{side} {backend}", "rlopt", f"rlopt.load({folder.name}, backend='{backend}').run",
+                               "rlopt", str(folder), network, backend=backend)
+                 for side, folder in sides.items() for backend in built]
+        report = run_bench(sides["refitted"], network, rounds=rounds, protocol=True, torch_compile=False,
+                           extra_candidates=extra)
+        bench = report.networks[0]
+        networks[network] = {
+            "shapes": [{"point": shape.point, "shape": shape.shape, "rounds": shape.rounds,
+                        "backends": latency_verdicts(shape.round_medians_us, built)} for shape in bench.shapes],
+            "not_compared": [backend for backend in backends if backend not in built],
+            "skipped": [skip.model_dump() for skip in bench.skipped if skip.candidate in {s.name for s in extra}]}
+    verdicts = [row["verdict"] for n in networks.values() for shape in n["shapes"] for row in shape["backends"]]
+    return {"backends": backends, "rounds": rounds, "networks": networks,
+            "passed": bool(verdicts) and all(verdict.startswith("within") for verdict in verdicts),
+            "load_average": os.getloadavg()[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe", nargs="?", type=Path, default=DEFAULT_RECIPE)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--latency-rounds", type=int, default=0, help="rounds of the latency check (0: none)")
+    parser.add_argument("--latency-only", action="store_true", help="only the latency check (default 8 rounds)")
     parser.add_argument("--work-dir", type=Path, default=None)
     args = parser.parse_args()
+
+    def measure(folder: Path) -> dict[str, Any]:
+        if args.latency_only:
+            return measure_refit_latency(args.recipe, folder, args.latency_rounds or 8)
+        return measure_refit(args.recipe, folder, args.runs, args.latency_rounds)
+
     if args.work_dir is not None:
-        result = measure_refit(args.recipe, args.work_dir, args.runs)
+        result = measure(args.work_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="rlopt-bench-refit-") as folder:
-            result = measure_refit(args.recipe, Path(folder), args.runs)
+            result = measure(Path(folder))
     print(json.dumps(result, indent=2))
 
 

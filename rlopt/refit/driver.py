@@ -37,11 +37,33 @@ def refit(model_dir: Path | str, checkpoint: Path | str, out: Path | str | None 
     return result.model_dir
 
 
-def read_recipe(model_dir: Path) -> Recipe:
+def read_recipe(model_dir: Path, manifest: Manifest | None = None) -> Recipe:
     """The resolved recipe a MODEL_DIR keeps (its `recipe.yaml`, already checked by the manifest's sha256)."""
     from rlopt.manifest import checked_file
+    from rlopt.yaml_file import SAFE_LOADER
 
-    return Recipe.model_validate(yaml.safe_load(checked_file(model_dir, read_manifest(model_dir).recipe).read_text()))
+    record = (manifest or read_manifest(model_dir)).recipe
+    return Recipe.model_validate(yaml.load(checked_file(model_dir, record).read_text(), Loader=SAFE_LOADER))
+
+
+def rewritten_anew(manifest: Manifest) -> set[str]:
+    """Paths (relative to MODEL_DIR) that refit writes from scratch before anything reads them, so the staging
+    copy leaves them out: each network's reference.npz and the byte copies of its artifacts (Triton's)."""
+    from rlopt.refit.network import copies_of
+
+    return {path for network in manifest.networks.values()
+            for path in [network.reference.path, *copies_of(network)]}
+
+
+def stage_copy(model_dir: Path, staging: Path, manifest: Manifest) -> None:
+    """MODEL_DIR copied into `staging`, less what refit writes anew (most of the bytes: the references)."""
+    skip = rewritten_anew(manifest)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        relative = Path(folder).relative_to(model_dir)
+        return {name for name in names if (relative / name).as_posix() in skip}
+
+    shutil.copytree(model_dir, staging, dirs_exist_ok=True, ignore=ignore)
 
 
 def refusal(manifest: Manifest) -> tuple[str, str] | None:
@@ -73,7 +95,7 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
     model_dir, checkpoint = Path(model_dir), Path(checkpoint)
     out_dir = Path(out) if out is not None else model_dir
     manifest = read_manifest(model_dir)
-    recipe = read_recipe(model_dir)
+    recipe = read_recipe(model_dir, manifest)
     refused = refusal(manifest)
     if refused is not None:
         raise UsageError(located(model_dir / MANIFEST_NAME, refused[0], f"cannot be refitted: {refused[1]}",
@@ -87,12 +109,13 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
         remove_stale_partials(out_dir)
         staging = staging_dir(out_dir)
         try:
-            shutil.copytree(model_dir, staging, dirs_exist_ok=True)
+            stage_copy(model_dir, staging, manifest)
             networks: dict[str, NetworkRecord] = {}
             failures: list[str] = []
             with one_torch_thread():
                 for name, record in manifest.networks.items():
-                    networks[name] = refit_network(staging, recipe, name, record, model, checkpoint, failures)
+                    networks[name] = refit_network(staging, recipe, name, record, model, checkpoint, failures,
+                                                   model_dir)
             refitted = manifest.model_copy(update={
                 "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "networks": networks,
                 "refit_of": manifest.content_sha256}).seal()
@@ -136,4 +159,4 @@ def _new_model(manifest: Manifest, recipe: Recipe, model_dir: Path, checkpoint: 
     return factory_model(source, checkpoint, model_dir), recipe
 
 
-__all__ = ["RefitResult", "read_recipe", "refit", "refit_model_dir", "refusal"]
+__all__ = ["RefitResult", "read_recipe", "refit", "refit_model_dir", "refusal", "rewritten_anew", "stage_copy"]

@@ -13,11 +13,31 @@ import numpy as np
 
 from rlopt.errors import BackendUnavailable, UsageError, located
 from rlopt.lazy import require
-from rlopt.manifest import BackendRecord, NetworkRecord, file_record
+from rlopt.manifest import BackendRecord, FileRecord, NetworkRecord, file_record
 from rlopt.recipe import Recipe
 from rlopt.reference import Reference
 
 VARIANT_SAMPLES = 4  # as compile's `verify <backend>` stage
+
+
+class Hashes:
+    """Each file the refit wrote, hashed once: the gate's record of an artifact serves the manifest's `files`
+    entry of the same path, and a byte copy (Triton's) takes its source's sha256. An entry is used only while the
+    file's size and mtime are those it was hashed at."""
+
+    def __init__(self, staging: Path) -> None:
+        self.staging = staging
+        self._records: dict[str, tuple[tuple[int, int], FileRecord]] = {}
+
+    def record(self, path: Path) -> FileRecord:
+        stat = path.stat()
+        key = path.relative_to(self.staging).as_posix()
+        known = self._records.get(key)
+        if known is not None and known[0] == (stat.st_size, stat.st_mtime_ns):
+            return known[1]
+        record = file_record(self.staging, path)
+        self._records[key] = ((stat.st_size, stat.st_mtime_ns), record)
+        return record
 
 
 def repad(folder: Path, facts: dict[str, Any], recipe: Recipe) -> Path:
@@ -59,7 +79,7 @@ def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, on
 
 
 def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, Any], reference: Reference,
-         recipe: Recipe, spec: Any, subject: str) -> tuple[BackendRecord, str | None]:
+         recipe: Recipe, spec: Any, subject: str, hashes: Hashes | None = None) -> tuple[BackendRecord, str | None]:
     """The refitted artifact through the parity gate compile uses (rlopt.verify.gate_runner); latency is carried
     over from the old MODEL_DIR (same graph, same code)."""
     from rlopt.backends import open_runner
@@ -69,7 +89,7 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     assert record.path is not None
     tol = tolerance_for(facts, recipe.verify)
     path = staging / record.path
-    current = file_record(staging, path)
+    current = (hashes or Hashes(staging)).record(path)
     new = record.model_copy(update={"sha256": current.sha256, "bytes": current.bytes, "facts": facts})
     runner = open_runner(backend, path, list(spec.inputs), facts)
     try:
@@ -84,8 +104,9 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
 
 
 def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, model: Any, checkpoint: Path,
-                  failures: list[str]) -> NetworkRecord:
-    """Rewrite network `name` in `staging` with `model`'s weights; gate and drift failures go to `failures`."""
+                  failures: list[str], source: Path) -> NetworkRecord:
+    """Rewrite network `name` in `staging` (a copy of MODEL_DIR `source` without the files refit writes anew:
+    see `rewritten_anew`) with `model`'s weights; gate and drift failures go to `failures`."""
     from rlopt.refit.checkpoint import check_state
     from rlopt.refit.drift import reference_drift
     from rlopt.refit.weight_map import apply_weight_map
@@ -101,15 +122,14 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
     check_state(compiled.state_dict(), module.state_dict(), checkpoint, f"network '{name}'")
     state = _state(module)
     inputs, outputs = list(spec.inputs), list(spec.outputs)
-    old_reference = Reference.load(folder / "reference.npz", inputs, outputs)
+    old_reference = Reference.load(source / old.reference.path, inputs, outputs)
     with torch.no_grad():
         reference = rerecord_reference(module, spec, old_reference, recipe_path=recipe_path, network=name)
     reference.save(folder / "reference.npz")
     apply_weight_map(folder / "model.onnx", old.facts["onnx"]["weight_map"], state)
     padded = repad(folder, old.facts, recipe) if "model.padded.onnx" in old.files else None
-    before = {record.sha256: record.path for record in [*old.files.values(), *old.artifacts.values()]
-              if record.path and not record.path.startswith("triton/")}
     artifacts: dict[str, BackendRecord] = {}
+    hashes = Hashes(staging)
     for backend, record in old.artifacts.items():
         if not record.built:
             artifacts[backend] = record
@@ -117,13 +137,14 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
         facts = _hook_facts(backend, name, folder, record, folder / "model.onnx", padded, state,
                             folder / "reference.npz")
         artifacts[backend], failure = gate(staging, backend, record, facts, reference, recipe, spec,
-                                           f"{name}/{backend}")
+                                           f"{name}/{backend}", hashes)
         if failure:
             failures.append(failure)
-    _refresh_copies(staging, old, before)
+    copies = _refresh_copies(staging, old)
     new = old.model_copy(deep=True, update={"artifacts": artifacts})
     new.reference = file_record(staging, folder / "reference.npz")
-    new.files = {key: file_record(staging, staging / record.path) for key, record in old.files.items()}
+    new.files = {key: _file_entry(hashes, staging, record.path, copies.get(record.path))
+                 for key, record in old.files.items()}
     new.facts["script"] = {**old.facts.get("script", {}), "weights_sha256": weights_sha256(module)}
     if spec.kind == "policy":
         new.drift = reference_drift(old_reference, reference, spec.distribution)
@@ -134,13 +155,29 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
     return new
 
 
-def _refresh_copies(staging: Path, old: NetworkRecord, before: dict[str, str | None]) -> None:
-    """Files that were byte copies of a rewritten artifact (Triton's model.pt / model.onnx / model.plan) get the
-    new bytes: a copy is found by the sha256 the old manifest recorded for both."""
-    for record in old.files.values():
-        source = before.get(record.sha256)
-        if source is not None and source != record.path:
-            shutil.copyfile(staging / source, staging / record.path)
+def copies_of(old: NetworkRecord) -> dict[str, str]:
+    """{copy: source} for the files that are byte copies of another file or artifact of the network (Triton's
+    model.pt / model.onnx / model.plan), found by the sha256 the old manifest recorded for both."""
+    before = {record.sha256: record.path for record in [*old.files.values(), *old.artifacts.values()]
+              if record.path and not record.path.startswith("triton/")}
+    return {record.path: before[record.sha256] for record in old.files.values()
+            if before.get(record.sha256) not in (None, record.path)}
 
 
-__all__ = ["gate", "refit_network", "repad"]
+def _refresh_copies(staging: Path, old: NetworkRecord) -> dict[str, str]:
+    """Byte copies of a rewritten artifact get the new bytes; returns {copy: source}."""
+    copies = copies_of(old)
+    for copy, source in copies.items():
+        shutil.copyfile(staging / source, staging / copy)
+    return copies
+
+
+def _file_entry(hashes: Hashes, staging: Path, path: str, source: str | None) -> FileRecord:
+    """The manifest's record of `path`: a copy's is its source's sha256 and size (copyfile wrote those bytes)."""
+    if source is None:
+        return hashes.record(staging / path)
+    record = hashes.record(staging / source)
+    return record.model_copy(update={"path": path})
+
+
+__all__ = ["Hashes", "copies_of", "gate", "refit_network", "repad"]

@@ -22,7 +22,11 @@ REBUILD = "rebuild it with 'rlopt compile RECIPE -o MODEL_DIR' (this rlopt build
 
 
 def new_weights(onnx_model: Any, facts: TvmFacts) -> dict[str, np.ndarray]:
-    """The initializers every library takes, from `onnx_model`, as the build derived them for each library."""
+    """The initializers every library takes, from `onnx_model`, as the build derived them for each library.
+
+    A name keeps the value of the first library that derives it (the dynamic one first), so a library whose
+    names are all known already is not prepared: the same weights, without folding its shape's static Ifs (an
+    ONNX reference evaluation per library)."""
     from rlopt.backends.tvm.importer import prepare_onnx, split_weights
 
     libraries = [(None, facts.param_names)] + [(build.shapes, build.param_names) for build in facts.shape_builds]
@@ -30,6 +34,8 @@ def new_weights(onnx_model: Any, facts: TvmFacts) -> dict[str, np.ndarray]:
         libraries = [(None, [name for _, names in libraries for name in names])]
     weights: dict[str, np.ndarray] = {}
     for shapes, names in libraries:
+        if all(name in weights for name in names):
+            continue
         derived = split_weights(prepare_onnx(onnx_model, shapes)[0])
         for name in names:
             if name in derived:

@@ -1,0 +1,35 @@
+"""scripts/bench_refit.py's latency verdict: refitted / fresh1 must lie within the two fresh compiles' spread."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from bench_refit import latency_verdicts  # noqa: E402
+
+
+def _rounds(refitted: list[float], fresh1: list[float], fresh2: list[float]) -> dict[str, list[float]]:
+    return {"refitted tvm": refitted, "fresh1 tvm": fresh1, "fresh2 tvm": fresh2}
+
+
+def test_a_refit_between_the_two_fresh_compiles_is_within() -> None:
+    (row,) = latency_verdicts(_rounds([10.5, 21.0, 10.5], [10.0, 20.0, 10.0], [11.0, 22.0, 11.0]), ["tvm"])
+    assert row["refit_over_fresh1"] == 1.05 and row["fresh2_over_fresh1"] == 1.1 and row["verdict"] == "within"
+    assert row["fresh1_us"] == 10.0
+
+
+def test_a_refit_slower_than_both_fresh_compiles_is_outside() -> None:
+    (row,) = latency_verdicts(_rounds([12.0, 12.0], [10.0, 10.0], [9.0, 9.0]), ["tvm"])  # 1.2 > 1.0 x 1.05
+    assert row["refit_over_fresh1"] == 1.2 and row["fresh2_over_fresh1"] == 0.9 and row["verdict"] == "outside"
+
+
+def test_a_refit_just_outside_the_spread_is_within_the_protocols_tolerance() -> None:
+    (row,) = latency_verdicts(_rounds([10.3, 10.3], [10.0, 10.0], [10.1, 10.1]), ["tvm"])
+    assert row["refit_over_fresh1"] == 1.03 and row["verdict"] == "within 5%"
+
+
+def test_a_backend_without_timings_names_the_missing_candidate() -> None:
+    (row,) = latency_verdicts({"refitted tvm": [1.0], "fresh1 tvm": [1.0], "fresh2 tvm": []}, ["tvm"])
+    assert row == {"backend": "tvm", "verdict": "not measured: no timings of fresh2 tvm"}
