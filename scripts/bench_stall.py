@@ -53,7 +53,7 @@ def bench(model_dir: Path, network: str, copies: int, rounds: int) -> dict[str, 
 
 
 LOOP = """
-import sys, time, numpy as np, rlopt
+import os, sys, time, numpy as np, rlopt
 from pathlib import Path
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
@@ -67,7 +67,8 @@ for _ in range(300):
     start = time.perf_counter_ns()
     session.run(feeds)
     times.append(time.perf_counter_ns() - start)
-print(len(session.events), float(np.median(times)) / 1e3)
+print(len(session.events), float(np.median(times)) / 1e3, flush=True)
+os._exit(0)  # at exit TVM joins its pool threads, and a worker spin-yielding on the busy core can take minutes
 """
 
 

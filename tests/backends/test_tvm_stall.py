@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Any
 
-from rlopt.backends.tvm.stall import WINDOW, StallGuard, one_thread_pool, timed, watch_limit_us
+from rlopt.backends.tvm.stall import STREAK, WINDOW, StallGuard, one_thread_pool, timed, watch_limit_us
 
 # the default policy, compiled here: TVM at 1 and 2 threads per shape (facts.thread_latency_us)
 POLICY = {"1x1x768": {"1": 27.93, "2": 22.13}, "8x16x768": {"1": 933.01, "2": 484.58}}
@@ -30,18 +30,21 @@ def test_a_stalled_pool_trips_once_and_a_healthy_one_with_intrusions_never() -> 
     trips: list[StallGuard] = []
     healthy = StallGuard(933.01, trips.append)
     # 2-thread calls near compile's 485 us, a fifth of them hit by an intrusion (one-thread speed or worse)
-    feed(healthy, ([480.0, 520.0, 495.0, 1150.0, 505.0] * 40))
+    feed(healthy, [480.0, 520.0, 495.0, 1150.0, 505.0] * 8 * WINDOW)
+    # and a burst of stalled calls lasting STREAK - 1 windows, between healthy ones
+    feed(healthy, [4000.0] * (STREAK - 1) * WINDOW + [490.0] * WINDOW + [4000.0] * (STREAK - 1) * WINDOW)
     assert trips == []
     stalled = StallGuard(933.01, trips.append)
-    feed(stalled, [4000.0, 4400.0, 4600.0, 6700.0, 500.0] * 10)  # the four stalled copies' medians, and one fast
-    assert trips == [stalled], "one window of stalled calls is enough"
-    feed(stalled, [4000.0] * 3 * WINDOW)
+    feed(stalled, [4000.0, 4400.0, 4600.0, 6700.0, 500.0, 500.0, 6000.0, 4500.0] * (STREAK * WINDOW // 8))
+    assert trips == [stalled], "STREAK windows of mostly stalled calls (the four stalled copies' medians)"
+    feed(stalled, [4000.0] * 3 * STREAK * WINDOW)
     assert trips == [stalled], "a guard reports once"
-    slow_half = StallGuard(933.01, trips.append)
-    feed(slow_half, [950.0, 480.0] * (WINDOW // 2))
-    assert len(trips) == 1, "exactly half the window slow is not most of it"
-    feed(slow_half, [950.0] * (WINDOW // 2 + 1) + [480.0] * (WINDOW // 2 - 1))
-    assert trips[-1] is slow_half, "most of a window at one-thread speed or worse: the pool is a loss"
+    half = StallGuard(933.01, trips.append)
+    feed(half, [950.0, 480.0] * (STREAK * WINDOW))
+    assert len(trips) == 1, "exactly half of each window slow is not most of it"
+    most = StallGuard(933.01, trips.append)
+    feed(most, ([950.0] * (WINDOW // 2 + 1) + [480.0] * (WINDOW // 2 - 1)) * STREAK)
+    assert trips[-1] is most, "most calls at one-thread speed or worse, window after window: the pool is a loss"
 
 
 def test_timed_reports_each_calls_duration_and_passes_the_result_through() -> None:

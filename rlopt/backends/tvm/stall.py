@@ -4,8 +4,8 @@ TVM's fork-join cuts each parallel loop into one fixed chunk per thread and the 
 another process holds a core, the chunk on that core waits for a scheduler slot and the whole call with it
 (one-thread speed to 5-8x slower; docs/benchmarks.md, "The stall"). Compile measured each tuned shape at one
 thread and at the chosen count (`facts.thread_latency_us`), so the runtime knows what one thread would cost: when
-most calls of a window take longer than that, the pool is a loss here and now, and the calling thread's pool is
-re-sized to one thread (TVM's pool is per calling thread).
+most calls take longer than that in STREAK windows running, the pool is a loss here and now, and the calling
+thread's pool is re-sized to one thread for good (TVM's pool is per calling thread).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from typing import Any
 
-WINDOW = 50  # calls per verdict: a stall lasting a scheduler quantum or two does not decide alone
+WINDOW = 32  # calls per verdict
+STREAK = 3  # stalled windows in a row before the switch: another process's burst of a few tens of ms does not decide
 CLEAR_WIN = 1.2  # a shape is watched only where the pool was this much faster than one thread at compile time
 KEEP_THREADS_ENV = "RLOPT_TVM_KEEP_THREADS"  # =1: never re-size (to measure the stall itself)
 _pool_lock = threading.Lock()
@@ -34,14 +35,14 @@ def watch_limit_us(thread_latency: Mapping[str, Any], threads: int) -> float | N
 
 class StallGuard:
     """Counts, per window of WINDOW calls, the calls slower than `limit_us`; calls `on_stall` once when more than
-    half of a window's calls were (the window's median above one thread's latency). Per thread and shape: no lock,
-    no allocation per call."""
+    half of the calls were in each of STREAK windows in a row (each window's median above one thread's latency).
+    Per thread and shape: no lock, no allocation per call."""
 
-    __slots__ = ("calls", "limit_ns", "on_stall", "slow", "tripped")
+    __slots__ = ("calls", "limit_ns", "on_stall", "slow", "streak", "tripped")
 
     def __init__(self, limit_us: float, on_stall: Callable[[StallGuard], None]) -> None:
         self.limit_ns, self.on_stall = int(limit_us * 1e3), on_stall
-        self.calls = self.slow = 0
+        self.calls = self.slow = self.streak = 0
         self.tripped = False
 
     def observe(self, elapsed_ns: int) -> None:
@@ -49,10 +50,11 @@ class StallGuard:
         if elapsed_ns > self.limit_ns:
             self.slow += 1
         if self.calls >= WINDOW:
-            if self.slow * 2 > self.calls and not self.tripped:
+            self.streak = self.streak + 1 if self.slow * 2 > self.calls else 0
+            self.calls = self.slow = 0
+            if self.streak >= STREAK and not self.tripped:
                 self.tripped = True
                 self.on_stall(self)
-            self.calls = self.slow = 0
 
 
 def timed(call: Callable[[Any], Any], guard: StallGuard) -> Callable[[Any], Any]:
@@ -92,5 +94,5 @@ def keep_threads() -> bool:
     return os.environ.get(KEEP_THREADS_ENV, "") not in ("", "0")
 
 
-__all__ = ["CLEAR_WIN", "KEEP_THREADS_ENV", "WINDOW", "StallGuard", "keep_threads", "one_thread_pool", "timed",
+__all__ = ["CLEAR_WIN", "KEEP_THREADS_ENV", "STREAK", "WINDOW", "StallGuard", "keep_threads", "one_thread_pool", "timed",
            "watch_limit_us"]
