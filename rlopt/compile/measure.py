@@ -248,14 +248,14 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
 
 
 def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None, Table, Table | None, str]:
-    """1 unless ONNX Runtime's default pool beat one intra-op thread alone by more than NOISE in geometric mean
-    over the shapes, else None; the tables with that configuration as 'onnxruntime', for `choose_route`; and why.
+    """ONNX Runtime's intra-op threads for `auto`: 1, or None (its default pool) when that pool beat one thread
+    alone by more than NOISE in geometric mean over the shapes; the tables with that configuration as
+    'onnxruntime', for `choose_route`; and why.
 
-    Within noise the rule takes one thread: in the bench protocol's runs on this 2-core machine the two sessions
-    tied on every small network and only the large ones (768-wide heads, the Atari CNN) gained from the pool,
-    by far more than NOISE; a one-thread session has no pool to wake when it runs beside TVM, nor to stall when
-    another process holds a core. Compile's timings of the two differ by 5-30% between runs on such ties, so
-    picking the lower figure picked noise."""
+    Ties go to one thread: on this 2-core machine the bench protocol timed the two level on every small network
+    (only the 768-wide heads and the Atari CNN gain from the pool, by far more than NOISE) while compile's figures
+    for them moved more than the gap between compiles; and one thread has no pool to wake beside TVM, nor to stall
+    when another process holds a core."""
     if ORT_ONE_THREAD not in alone or "onnxruntime" not in alone:
         return None, alone, together, ""
     one, default = alone[ORT_ONE_THREAD], alone["onnxruntime"]
@@ -264,7 +264,7 @@ def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None,
         return None, alone, together, ""
     ratio = float(np.exp(np.mean(np.log(ratios))))
     if ratio > 1 + NOISE:
-        return None, alone, together, f"onnxruntime default threads: 1 thread {ratio:.2f}x its geometric mean"
+        return None, alone, together, f"onnxruntime default pool: 1 thread {ratio:.2f}x its geometric mean"
     why = f"onnxruntime 1 thread: {ratio:.2f}x the default pool's geometric mean (within {NOISE:.0%} or faster)"
     return 1, {**alone, "onnxruntime": one}, \
         {**together, "onnxruntime": together[ORT_ONE_THREAD]} if together and ORT_ONE_THREAD in together else together, \

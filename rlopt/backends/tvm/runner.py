@@ -158,7 +158,7 @@ class TvmRunner(Runner):
         return limits
 
     def _stalled(self, bucket: ShapeKey, guard: StallGuard) -> None:
-        """Most of a window's calls at `bucket` ran slower than one thread would: this thread's pool goes to one."""
+        """Calls at `bucket` kept running slower than one thread would: this thread's pool goes to one thread."""
         if not one_thread_pool(require("tvm_ffi").get_global_func("runtime.config_threadpool")):
             return
         event = {"event": "tvm pool re-sized to 1 thread", "threads_before": self.threads, "shape": shape_label(bucket),
