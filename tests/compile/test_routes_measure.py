@@ -51,5 +51,5 @@ def test_onnxruntime_gets_one_thread_unless_its_pool_wins_by_more_than_noise() -
     pool_wins = {"onnxruntime": {"1x8": 27.1, "4x8": 27.33, "8x8": 46.18, "other": 27.6},
                  ORT_ONE_THREAD: {"1x8": 44.02, "4x8": 45.42, "8x8": 48.23, "other": 42.9}}
     threads, ranked, _, why = ort_thread_choice(pool_wins, None)
-    assert threads is None and ranked is pool_wins and "default threads" in why
+    assert threads is None and ranked is pool_wins and "default pool" in why
     assert ort_thread_choice({"onnxruntime": default}, None) == (None, {"onnxruntime": default}, None, "")
