@@ -5,7 +5,10 @@ what else runs on the cores? Benches COPIES identical `rlopt tvm` sessions (each
 - `hog`: a busy-looping process pinned to the last usable core for the whole bench (what another user's job,
   or a hypervisor taking that vCPU, does to one core);
 - `loop`: no bench machinery at all: one process per case calls `Session.run` in a plain loop (300 calls at
-  the max shape) for TVM at its compiled thread count, TVM at one thread, and rlopt's ONNX Runtime.
+  the max shape) for TVM at its compiled thread count with the busy-core fallback (the runner re-sizes a
+  stalled pool to one thread) and without it (RLOPT_TVM_KEEP_THREADS=1), TVM at one thread, and rlopt's ONNX
+  Runtime; `loop-hog`: the same with the busy process pinned to the last core. A TVM case prints how many
+  times its pool was re-sized (`Session.events`).
 Prints, per condition and shape, each candidate's median and its ratio to the fastest TVM copy, plus the
 steal time /proc/stat counted meanwhile. A process-level cause shows as copies apart under `as-is`; a
 core-level one as every TVM copy slowed under `hog` while ONNX Runtime (whose caller takes a stalled
@@ -50,7 +53,7 @@ def bench(model_dir: Path, network: str, copies: int, rounds: int) -> dict[str, 
 
 
 LOOP = """
-import sys, time, numpy as np, rlopt
+import os, sys, time, numpy as np, rlopt
 from pathlib import Path
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
@@ -64,29 +67,32 @@ for _ in range(300):
     start = time.perf_counter_ns()
     session.run(feeds)
     times.append(time.perf_counter_ns() - start)
-print(float(np.median(times)) / 1e3)
+print(len(session.events), float(np.median(times)) / 1e3, flush=True)
+os._exit(0)  # at exit TVM joins its pool threads, and a worker spin-yielding on the busy core can take minutes
 """
 
 
 def loop(model_dir: Path, network: str) -> dict[str, Any]:
-    cases = {"rlopt tvm": ("tvm", {}), "rlopt tvm, TVM_NUM_THREADS=1": ("tvm", {"TVM_NUM_THREADS": "1"}),
+    cases = {"rlopt tvm": ("tvm", {}), "rlopt tvm, RLOPT_TVM_KEEP_THREADS=1": ("tvm", {"RLOPT_TVM_KEEP_THREADS": "1"}),
+             "rlopt tvm, TVM_NUM_THREADS=1": ("tvm", {"TVM_NUM_THREADS": "1"}),
              "rlopt onnxruntime": ("onnxruntime", {})}
-    medians = {}
+    medians, switches = {}, {}
     for name, (backend, env) in cases.items():
         done = subprocess.run([sys.executable, "-c", LOOP, str(model_dir), network, backend], capture_output=True,
                               text=True, check=True, env=dict(os.environ, **env))
-        medians[name] = float(done.stdout.split()[-1])
-    return {"max": medians}
+        events, median = done.stdout.split()[-2:]
+        medians[name], switches[name] = float(median), int(events)
+    return {"max": medians, "switches": switches}
 
 
 def run_condition(condition: str, args: argparse.Namespace) -> dict[str, Any]:
     hog = None
-    if condition == "hog":
+    if condition in ("hog", "loop-hog"):
         core = max(os.sched_getaffinity(0))
         hog = subprocess.Popen([sys.executable, "-c", HOG, str(core)])
     steal = steal_ticks()
     try:
-        result = (loop(args.model_dir, args.network) if condition == "loop"
+        result = (loop(args.model_dir, args.network) if condition.startswith("loop")
                   else bench(args.model_dir, args.network, args.copies, args.rounds))
     finally:
         if hog is not None:
@@ -97,7 +103,12 @@ def run_condition(condition: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def render(outcome: dict[str, Any]) -> str:
     lines = [f"condition {outcome['condition']} (steal ticks meanwhile: {outcome['steal_ticks']})"]
-    for point, medians in outcome["shapes"].items():
+    shapes = dict(outcome["shapes"])
+    switches = shapes.pop("switches", None)
+    if switches is not None:
+        lines.append("  pool re-sized to 1 thread: " + "; ".join(f"{k} {v}x" for k, v in switches.items()
+                                                                 if k.startswith("rlopt tvm")))
+    for point, medians in shapes.items():
         fastest = min(v for k, v in medians.items() if k.startswith("rlopt tvm"))
         cells = [f"{name} {us:.1f} us ({us / fastest:.2f})" for name, us in sorted(medians.items())]
         lines.append(f"  {point}: " + "; ".join(cells))
@@ -110,10 +121,10 @@ def main() -> int:
     parser.add_argument("--network", default="policy")
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--condition", action="append", choices=["as-is", "hog", "loop"])
+    parser.add_argument("--condition", action="append", choices=["as-is", "hog", "loop", "loop-hog"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    outcomes = [run_condition(c, args) for c in args.condition or ["as-is", "hog", "loop"]]
+    outcomes = [run_condition(c, args) for c in args.condition or ["as-is", "hog", "loop", "loop-hog"]]
     for outcome in outcomes:
         print(render(outcome))
     if args.out:

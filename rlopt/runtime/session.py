@@ -128,6 +128,13 @@ class Session:
         table = {shape_label(key): name for key, name in gen.routes.items()}
         return table | {"other": gen.fallback}
 
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """What the runners changed about themselves while running (TVM's pool re-sized to one thread when a busy
+        core stalled it), oldest first per runner."""
+        return [dict(e, backend=name) for name, r in self._gen.runners.items()
+                for e in getattr(r, "thread_switches", [])]
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         gen = self._gen  # one load: a reload between here and the return does not touch this call
         bound = getattr(gen.local, "bound", None)

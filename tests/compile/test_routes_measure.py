@@ -9,7 +9,12 @@ from rlopt.compile.measure import ORT_ONE_THREAD, interleaved_medians, ort_threa
 
 def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
     def sleeper(us: float):
-        return lambda: time.sleep(us / 1e6)
+        """Busy for `us` (time.sleep's wake-up under load took 3.5 ms for 200 us, drowning the difference)."""
+        def busy() -> None:
+            end = time.perf_counter() + us / 1e6
+            while time.perf_counter() < end:
+                pass
+        return busy
 
     configurations = {"alone a": {("a", "s"): sleeper(200)},
                       "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
@@ -33,15 +38,23 @@ def test_a_backend_over_twice_as_slow_at_every_shape_is_not_timed() -> None:
     assert not outclassed(recorded, "onnxruntime", named)
 
 
-def test_onnxruntime_gets_one_thread_only_when_one_thread_wins_as_a_mix_must() -> None:
+def test_onnxruntime_gets_one_thread_unless_its_pool_wins_by_more_than_noise() -> None:
     default, one = {"1x4": 10.0, "64x4": 40.0}, {"1x4": 8.0, "64x4": 30.0}
     alone = {"onnxruntime": default, ORT_ONE_THREAD: one, "tvm": {"1x4": 5.0, "64x4": 200.0}}
     together = {"onnxruntime": {"1x4": 12.0, "64x4": 55.0}, ORT_ONE_THREAD: {"1x4": 8.5, "64x4": 31.0}}
-    threads, ranked_alone, ranked_together = ort_thread_choice(alone, together)
+    threads, ranked_alone, ranked_together, why = ort_thread_choice(alone, together)
     assert threads == 1 and ranked_alone["onnxruntime"] == one and ranked_alone["tvm"] == alone["tvm"]
     assert ranked_together is not None and ranked_together["onnxruntime"] == together[ORT_ONE_THREAD]
-    mixed_result = {**alone, ORT_ONE_THREAD: {"1x4": 7.0, "64x4": 43.0}}  # 30% faster at 1x4, 7.5% slower at 64x4
-    assert ort_thread_choice(mixed_result, together) == (None, mixed_result, together)
-    within_noise = {**alone, ORT_ONE_THREAD: {"1x4": 9.5, "64x4": 38.0}}
-    assert ort_thread_choice(within_noise, together)[0] is None, "5% is not a gain"
-    assert ort_thread_choice({"onnxruntime": default}, None) == (None, {"onnxruntime": default}, None)
+    assert "0.77x" in why
+    # sb3-ppo-cartpole's value net, compiled for the 14:45 run: 1 thread 0.72x at 64x4, 1.07x at 256x4
+    cartpole = {"onnxruntime": {"1x4": 18.11, "64x4": 41.08, "256x4": 70.33, "other": 29.83},
+                ORT_ONE_THREAD: {"1x4": 17.79, "64x4": 29.61, "256x4": 75.0, "other": 29.54}}
+    assert ort_thread_choice(cartpole, None)[0] == 1
+    tie = {**alone, ORT_ONE_THREAD: {"1x4": 10.4, "64x4": 41.0}}
+    assert ort_thread_choice(tie, together)[0] == 1, "within noise: the session with fewer threads"
+    # recurrent_ppo_lstm: the pool 1.4x faster in geometric mean
+    pool_wins = {"onnxruntime": {"1x8": 27.1, "4x8": 27.33, "8x8": 46.18, "other": 27.6},
+                 ORT_ONE_THREAD: {"1x8": 44.02, "4x8": 45.42, "8x8": 48.23, "other": 42.9}}
+    threads, ranked, _, why = ort_thread_choice(pool_wins, None)
+    assert threads is None and ranked is pool_wins and "default pool" in why
+    assert ort_thread_choice({"onnxruntime": default}, None) == (None, {"onnxruntime": default}, None, "")

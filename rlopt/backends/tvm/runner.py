@@ -4,11 +4,13 @@ A shape with its own tuned static library runs as a `KernelChain` (chain.py); a 
 into a bigger build (`PaddedCall`, padding.py) once the parity gate passed padding, else it runs the dynamic
 library through a per-thread VM (`VmCall`). The VM function is looked up once; each thread gets its own VM (a VM
 is not re-entrant). TVM's thread count (chosen by measurement at compile time) is set through TVM_NUM_THREADS
-before TVM first starts its pool; a user's own TVM_NUM_THREADS wins.
+before TVM first starts its pool; a user's own TVM_NUM_THREADS wins. A pool of several threads is watched at the
+shapes where it won at compile time and re-sized to one thread when its calls stall (stall.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -23,11 +25,13 @@ from rlopt.backends.tvm import chain as _chain
 from rlopt.backends.tvm.chain import ALIGNMENT, KernelChain, record_chain
 from rlopt.backends.tvm.facts import ShapeKey, TvmFacts
 from rlopt.backends.tvm.padding import PaddedBucket, PaddedCall, padding_plan
+from rlopt.backends.tvm.stall import StallGuard, keep_threads, one_thread_pool, timed, watch_limit_us
 from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.facts import FileRef
 from rlopt.lazy import require
 from rlopt.backends.base import flatten_outputs
 from rlopt.machine import usable_cores
+from rlopt.manifest import shape_label
 
 
 def bucket_files(facts: TvmFacts | Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -112,8 +116,8 @@ class TvmRunner(Runner):
             if lacking:
                 raise BackendUnavailable(f"TVM library built for mcpu '{target.get('mcpu')}' needs CPU features "
                                          f"this CPU lacks ({', '.join(lacking[:6])}); fix: recompile on this machine")
-        # TVM reads this once, when its thread pool first starts (default here: half the cores, i.e. 1);
-        # configuring the pool later would pin the calling thread to one core, so it is never done.
+        # TVM reads this once, when its thread pool first starts (default here: half the cores, i.e. 1); only
+        # the stall fallback re-sizes a pool later (with TVM_BIND_THREADS=0, else the caller is pinned to a core)
         os.environ.setdefault("TVM_NUM_THREADS", str(facts.num_threads or usable_cores()))
         self.tvm = require("tvm")
         self._relax = require("tvm.relax")
@@ -136,6 +140,33 @@ class TvmRunner(Runner):
         self.padding = padding_plan(facts.shape_builds, input_names) if self.on_cpu and dispatch else None
         self.pads = self.padding is not None and facts.gate_passed("padded")
         self._local = threading.local()
+        self.threads = int(os.environ.get("TVM_NUM_THREADS") or 1)
+        self.thread_switches: list[dict[str, Any]] = []  # the stall fallback's switches, for Session.events
+        self._limits = self._stall_limits(facts) if dispatch and self.on_cpu else {}
+
+    def _stall_limits(self, facts: TvmFacts) -> dict[ShapeKey, float]:
+        """Per tuned shape where compile's pool clearly beat one thread: one thread's latency there (the pool is
+        watched only at the thread count compile measured, and not when RLOPT_TVM_KEEP_THREADS=1)."""
+        if self.threads <= 1 or self.threads != facts.num_threads or keep_threads():
+            return {}
+        limits = {}
+        for build in facts.shape_builds:
+            key = build.key(self.input_names)
+            limit = watch_limit_us(facts.thread_latency_us.get(shape_label(key), {}), self.threads)
+            if limit is not None:
+                limits[key] = limit
+        return limits
+
+    def _stalled(self, bucket: ShapeKey, guard: StallGuard) -> None:
+        """Calls at `bucket` kept running slower than one thread would: this thread's pool goes to one thread."""
+        if not one_thread_pool(require("tvm_ffi").get_global_func("runtime.config_threadpool")):
+            return
+        event = {"event": "tvm pool re-sized to 1 thread", "threads_before": self.threads, "shape": shape_label(bucket),
+                 "one_thread_us": round(guard.limit_ns / 1e3, 2), "thread": threading.current_thread().name}
+        self.thread_switches.append(event)
+        logging.getLogger("rlopt").warning(
+            "TVM: most calls at %s took longer than one thread's %.0f us (a busy core stalls the %d-thread pool): "
+            "this thread's pool now runs 1 thread", event["shape"], event["one_thread_us"], self.threads)
 
     def _load(self, path: Path) -> Any:
         try:
@@ -174,6 +205,7 @@ class TvmRunner(Runner):
             state.dynamic_plans = {}
             state.padded_plans = {}
             state.padded_buckets = {}
+            state.guards = {}
         return state
 
     def staging(self, array: np.ndarray) -> tuple[np.ndarray, Any]:
@@ -199,8 +231,14 @@ class TvmRunner(Runner):
             vm = self._relax.VirtualMachine(self._libraries[bucket], self.device)
             chain, results = record_chain(vm, staging, self.from_dlpack, self._params[bucket])
             # a refused chain still computed this call's outputs; the VM serves the calls after it
-            plans[key] = chain if chain is not None else VmCall(
+            plan: Any = chain if chain is not None else VmCall(
                 state.functions[bucket], [st if fits else None for st, fits in zip(staging, small)], small, self)
+            limit = self._limits.get(bucket)
+            if limit is not None:
+                guard = StallGuard(limit, lambda g, b=bucket: self._stalled(b, g))
+                state.guards[key] = (plan, guard)
+                plan = timed(plan, guard)
+            plans[key] = plan
             return results
         if bucket is None and dispatch and self.pads:
             padded = self._padded_call(shapes, [a.dtype for a in arrays], strict=False)
@@ -241,7 +279,13 @@ class TvmRunner(Runner):
 
     def bound_call(self, signature: tuple[Any, ...],
                    output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
-        """This thread's plan for `signature` as one function to named outputs (a KernelChain's `bind`), or None."""
+        """This thread's plan for `signature` as one function to named outputs (a KernelChain's `bind`, timed for
+        the stall fallback where the pool is watched), or None."""
+        guarded = getattr(self._local, "guards", {}).get(signature)
+        if guarded is not None:
+            chain, guard = guarded
+            bound = chain.bind(output_names) if isinstance(chain, KernelChain) else None
+            return timed(bound, guard) if bound is not None else None
         plan = getattr(self._local, "plans", {}).get(signature)
         return plan.bind(output_names) if isinstance(plan, KernelChain) else None
 

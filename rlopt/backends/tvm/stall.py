@@ -1,0 +1,98 @@
+"""The busy-core fallback: a TVM pool of several threads is kept only while its calls beat one thread.
+
+TVM's fork-join cuts each parallel loop into one fixed chunk per thread and the caller waits for every chunk; when
+another process holds a core, the chunk on that core waits for a scheduler slot and the whole call with it
+(one-thread speed to 5-8x slower; docs/benchmarks.md, "The stall"). Compile measured each tuned shape at one
+thread and at the chosen count (`facts.thread_latency_us`), so the runtime knows what one thread would cost: when
+most calls take longer than that in STREAK windows running, the pool is a loss here and now, and the calling
+thread's pool is re-sized to one thread for good (TVM's pool is per calling thread).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from time import perf_counter_ns
+from typing import Any
+
+WINDOW = 32  # calls per verdict
+STREAK = 3  # stalled windows in a row before the switch: another process's burst of a few tens of ms does not decide
+CLEAR_WIN = 1.2  # a shape is watched only where the pool was this much faster than one thread at compile time
+KEEP_THREADS_ENV = "RLOPT_TVM_KEEP_THREADS"  # =1: never re-size (to measure the stall itself)
+_pool_lock = threading.Lock()
+_this_thread = threading.local()  # whether this thread's pool was re-sized already (by any runner)
+
+
+def watch_limit_us(thread_latency: Mapping[str, Any], threads: int) -> float | None:
+    """One thread's compile-time latency at a shape, when the pool of `threads` was a clear win there; else None
+    (nothing to protect: at such a shape the pool's calls may well exceed one thread's figure)."""
+    one, many = thread_latency.get("1"), thread_latency.get(str(threads))
+    if threads <= 1 or not one or not many or float(many) * CLEAR_WIN > float(one):
+        return None
+    return float(one)
+
+
+class StallGuard:
+    """Counts, per window of WINDOW calls, the calls slower than `limit_us`; calls `on_stall` once when more than
+    half of the calls were in each of STREAK windows in a row (each window's median above one thread's latency).
+    Per thread and shape: no lock, no allocation per call."""
+
+    __slots__ = ("calls", "limit_ns", "on_stall", "slow", "streak", "tripped")
+
+    def __init__(self, limit_us: float, on_stall: Callable[[StallGuard], None]) -> None:
+        self.limit_ns, self.on_stall = int(limit_us * 1e3), on_stall
+        self.calls = self.slow = self.streak = 0
+        self.tripped = False
+
+    def observe(self, elapsed_ns: int) -> None:
+        self.calls += 1
+        if elapsed_ns > self.limit_ns:
+            self.slow += 1
+        if self.calls >= WINDOW:
+            self.streak = self.streak + 1 if self.slow * 2 > self.calls else 0
+            self.calls = self.slow = 0
+            if self.streak >= STREAK and not self.tripped:
+                self.tripped = True
+                self.on_stall(self)
+
+
+def timed(call: Callable[[Any], Any], guard: StallGuard) -> Callable[[Any], Any]:
+    """`call` with each call's duration reported to `guard`: one perf_counter_ns either side."""
+    observe = guard.observe
+
+    def run(arrays: Any) -> Any:
+        start = perf_counter_ns()
+        out = call(arrays)
+        observe(perf_counter_ns() - start)
+        return out
+
+    return run
+
+
+def one_thread_pool(configure: Callable[[int, int], Any]) -> bool:
+    """Re-size the calling thread's TVM pool to one thread, with TVM_BIND_THREADS=0 meanwhile (else TVM pins the
+    calling thread to one core), as `build.choose_threads` does; False when this thread's pool was re-sized
+    already."""
+    if getattr(_this_thread, "one", False):
+        return False
+    _this_thread.one = True
+    with _pool_lock:
+        previous = os.environ.get("TVM_BIND_THREADS")
+        os.environ["TVM_BIND_THREADS"] = "0"
+        try:
+            configure(1, 1)
+        finally:
+            if previous is None:
+                os.environ.pop("TVM_BIND_THREADS", None)
+            else:
+                os.environ["TVM_BIND_THREADS"] = previous
+    return True
+
+
+def keep_threads() -> bool:
+    return os.environ.get(KEEP_THREADS_ENV, "") not in ("", "0")
+
+
+__all__ = ["CLEAR_WIN", "KEEP_THREADS_ENV", "STREAK", "WINDOW", "StallGuard", "keep_threads", "one_thread_pool", "timed",
+           "watch_limit_us"]
