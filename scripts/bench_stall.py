@@ -6,7 +6,7 @@ what else runs on the cores? Benches COPIES identical `rlopt tvm` sessions (each
   or a hypervisor taking that vCPU, does to one core);
 - `loop`: no bench machinery at all: one process per case calls `Session.run` in a plain loop (300 calls at
   the max shape) for TVM at its compiled thread count with the busy-core fallback (the runner re-sizes a
-  stalled pool to one thread) and without it (RLOPT_TVM_KEEP_THREADS=1), TVM at one thread, and rlopt's ONNX
+  stalled pool to one thread; RLOPT_TVM_STALL_FALLBACK=1) and without it (the default), TVM at one thread, and rlopt's ONNX
   Runtime; `loop-hog`: the same with the busy process pinned to the last core. A TVM case prints how many
   times its pool was re-sized (`Session.events`).
 Prints, per condition and shape, each candidate's median and its ratio to the fastest TVM copy, plus the
@@ -73,7 +73,8 @@ os._exit(0)  # at exit TVM joins its pool threads, and a worker spin-yielding on
 
 
 def loop(model_dir: Path, network: str) -> dict[str, Any]:
-    cases = {"rlopt tvm": ("tvm", {}), "rlopt tvm, RLOPT_TVM_KEEP_THREADS=1": ("tvm", {"RLOPT_TVM_KEEP_THREADS": "1"}),
+    cases = {"rlopt tvm, RLOPT_TVM_STALL_FALLBACK=1": ("tvm", {"RLOPT_TVM_STALL_FALLBACK": "1"}),
+             "rlopt tvm": ("tvm", {}),
              "rlopt tvm, TVM_NUM_THREADS=1": ("tvm", {"TVM_NUM_THREADS": "1"}),
              "rlopt onnxruntime": ("onnxruntime", {})}
     medians, switches = {}, {}

@@ -25,7 +25,7 @@ from rlopt.backends.tvm import chain as _chain
 from rlopt.backends.tvm.chain import ALIGNMENT, KernelChain, record_chain
 from rlopt.backends.tvm.facts import ShapeKey, TvmFacts
 from rlopt.backends.tvm.padding import PaddedBucket, PaddedCall, padding_plan
-from rlopt.backends.tvm.stall import StallGuard, keep_threads, one_thread_pool, timed, watch_limit_us
+from rlopt.backends.tvm.stall import StallGuard, fallback_enabled, one_thread_pool, timed, watch_limit_us
 from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.facts import FileRef
 from rlopt.lazy import require
@@ -146,8 +146,8 @@ class TvmRunner(Runner):
 
     def _stall_limits(self, facts: TvmFacts) -> dict[ShapeKey, float]:
         """Per tuned shape where compile's pool clearly beat one thread: one thread's latency there (the pool is
-        watched only at the thread count compile measured, and not when RLOPT_TVM_KEEP_THREADS=1)."""
-        if self.threads <= 1 or self.threads != facts.num_threads or keep_threads():
+        watched only at the thread count compile measured, and only when RLOPT_TVM_STALL_FALLBACK=1)."""
+        if self.threads <= 1 or self.threads != facts.num_threads or not fallback_enabled():
             return {}
         limits = {}
         for build in facts.shape_builds:

@@ -6,6 +6,11 @@ another process holds a core, the chunk on that core waits for a scheduler slot 
 thread and at the chosen count (`facts.thread_latency_us`), so the runtime knows what one thread would cost: when
 most calls take longer than that in STREAK windows running, the pool is a loss here and now, and the calling
 thread's pool is re-sized to one thread for good (TVM's pool is per calling thread).
+
+Opt-in (RLOPT_TVM_STALL_FALLBACK=1): under the bench protocol the watch switched on passing stalls and, never
+switching back, left the default policy's max shape at one-thread speed (1.9x ONNX Runtime's best against 1.13-1.16x
+with the pool kept, two runs each, docs/benchmarks.md). It pays off on a host where another process holds a core
+for good.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 WINDOW = 32  # calls per verdict
 STREAK = 3  # stalled windows in a row before the switch: another process's burst of a few tens of ms does not decide
 CLEAR_WIN = 1.2  # a shape is watched only where the pool was this much faster than one thread at compile time
-KEEP_THREADS_ENV = "RLOPT_TVM_KEEP_THREADS"  # =1: never re-size (to measure the stall itself)
+FALLBACK_ENV = "RLOPT_TVM_STALL_FALLBACK"  # =1: watch and re-size; unset or 0: keep the compiled thread count
 _pool_lock = threading.Lock()
 _this_thread = threading.local()  # whether this thread's pool was re-sized already (by any runner)
 
@@ -90,9 +95,9 @@ def one_thread_pool(configure: Callable[[int, int], Any]) -> bool:
     return True
 
 
-def keep_threads() -> bool:
-    return os.environ.get(KEEP_THREADS_ENV, "") not in ("", "0")
+def fallback_enabled() -> bool:
+    return os.environ.get(FALLBACK_ENV, "") not in ("", "0")
 
 
-__all__ = ["CLEAR_WIN", "KEEP_THREADS_ENV", "STREAK", "WINDOW", "StallGuard", "keep_threads", "one_thread_pool", "timed",
+__all__ = ["CLEAR_WIN", "FALLBACK_ENV", "STREAK", "WINDOW", "StallGuard", "fallback_enabled", "one_thread_pool", "timed",
            "watch_limit_us"]
