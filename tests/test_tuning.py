@@ -491,16 +491,19 @@ def test_tune_through_a_real_rpc_tracker_and_server(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_shipped_databases_tune_the_bundled_recipes(tmp_path: Path) -> None:
-    """The committed databases cover every workload of the bundled recipes on this CPU, or say why not."""
-    from rlopt.backends.tvm.database import database_dir, read_meta, resolve_target
+    """The committed databases cover every workload of the bundled recipes on this CPU (by name, or tuned on a CPU
+    with the same vector features), or say why not."""
+    from rlopt.backends.tvm.database import choose_database, read_meta, resolve_target
 
     root = Path(__file__).resolve().parents[1] / "recipes"
     target = resolve_target({"kind": "llvm"})
-    shipped = [p for p in sorted(root.glob("*.yaml")) if database_dir(p, target).is_dir()]
+    choices = {p: choose_database(p, target) for p in sorted(root.glob("*.yaml"))}
+    shipped = {p: c for p, c in choices.items() if c.found}
     if not shipped:
-        pytest.skip(f"no shipped database for {target['mcpu']} (databases are keyed by CPU)")
-    for recipe in shipped:
-        meta = read_meta(database_dir(recipe, target))
+        pytest.skip(f"no shipped database applies to {target['mcpu']}: "
+                    + "; ".join(c.reason for c in choices.values()))
+    for recipe, choice in shipped.items():
+        meta = read_meta(choice.directory)
         assert meta["workloads"], recipe
     shutil.copytree(root, tmp_path / "recipes")
     from rlopt.compile import compile_recipe
