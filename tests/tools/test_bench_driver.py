@@ -164,10 +164,16 @@ def _watch_children(proc: subprocess.Popen[str], at_least: int, frozen: bool = F
     raise AssertionError(f"rlopt bench started {len(seen)} workers (rc {proc.poll()})")
 
 
+def _default_sigint() -> None:
+    """A terminal's job gets Ctrl-C; a test run started in the background (`cmd &` without job control) passes
+    SIGINT on ignored, and Python keeps an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_bench(model_dir: Path, output: int = subprocess.PIPE) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "rlopt", "bench", str(model_dir), "--network", "value",
                              "--budget", "60", "--no-flops", "--json"], stdout=output, stderr=output, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
 
 
 def _kill_leftovers(proc: subprocess.Popen[str], workers: set[int]) -> None:
