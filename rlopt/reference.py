@@ -9,6 +9,7 @@ inputs hold PyTorch's own fed-back state) and `<point>:step<k>:out:<output>`, an
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -150,6 +151,23 @@ class Reference:
         return cls(arrays, input_names, output_names)
 
 
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """PyTorch on one intra-op thread while a reference is recorded (and refit gates): the batches are small, a
+    reference must not depend on the thread count (a BLAS splits sums by thread, so two compiles of the same
+    weights would record different last bits), and on a shared machine two threads waiting on each other made
+    the same work 5-10x slower. Restored after (it is process-wide)."""
+    from rlopt.lazy import require
+
+    torch = require("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 FeedsOf = Callable[[int, int], dict[str, np.ndarray]]  # (sample, step) -> that call's inputs
 
 
@@ -195,6 +213,14 @@ def _record(module: Any, spec: NetworkSpec, state: dict[str, str],
     import torch
 
     arrays = dict(arrays or {})
+    with one_torch_thread():
+        _record_points(torch, module, spec, state, plan, arrays, recipe_path=recipe_path, network=network)
+    return Reference(arrays, list(spec.inputs), list(spec.outputs), state)
+
+
+def _record_points(torch: Any, module: Any, spec: NetworkSpec, state: dict[str, str],
+                   plan: dict[str, tuple[dict[str, list[int]], int, int, FeedsOf]], arrays: dict[str, np.ndarray], *,
+                   recipe_path: Path, network: str) -> None:
     for point, (shapes, samples, steps, feeds_of) in plan.items():
         prefixes = [f"{point}:"] + [f"{point}:step{k}:" for k in range(1, steps)]
         per_input: dict[tuple[int, str], list[np.ndarray]] = {(k, n): [] for k in range(steps) for n in spec.inputs}
@@ -225,7 +251,6 @@ def _record(module: Any, spec: NetworkSpec, state: dict[str, str],
             arrays[f"{prefixes[k]}in:{name}"] = np.stack(values)
         for (k, name), values in per_output.items():
             arrays[f"{prefixes[k]}out:{name}"] = np.stack(values)
-    return Reference(arrays, list(spec.inputs), list(spec.outputs), state)
 
 
 def _run(torch: Any, module: Any, spec: NetworkSpec, feeds: dict[str, np.ndarray], *, recipe_path: Path,

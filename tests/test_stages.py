@@ -346,6 +346,33 @@ def test_reference_records_steps_with_pytorchs_own_state(tmp_path: Path) -> None
         record_reference(module, wrong, 1, 0, recipe_path=tmp_path / "r.yaml", network="net")
 
 
+def test_reference_is_recorded_on_one_torch_thread(tmp_path: Path) -> None:
+    """A BLAS splits sums by thread: a reference recorded on the caller's thread count would differ in its last bits
+    between a compile and a refit of the same weights. Recording runs on one thread and restores the caller's."""
+    import torch
+
+    from rlopt.recipe import NetworkSpec
+    from rlopt.reference import record_reference
+
+    seen: list[int] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return obs * 2
+
+    spec = NetworkSpec(inputs={"obs": {"shape": [2, 3]}}, outputs=["o"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        reference = record_reference(Probe(), spec, 2, 0, recipe_path=tmp_path / "r.yaml", network="net")
+        assert torch.get_num_threads() == 2, "the caller's thread count is restored"
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
+    np.testing.assert_array_equal(reference.arrays["min:out:o"], reference.arrays["min:in:obs"] * 2)
+
+
 def test_graph_digest_is_the_same_in_every_process(tmp_path: Path) -> None:
     """load_model names a recipe's model module after a per-process hash of its path; the digest ignores it."""
     import importlib.util

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import shutil
 import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
 from rlopt.errors import UsageError, located
 from rlopt.manifest import MANIFEST_NAME, BuildResult, Manifest, NetworkRecord, read_manifest, write_json
 from rlopt.recipe import Recipe
+from rlopt.reference import one_torch_thread
 
 
 class RefitResult(BuildResult):
@@ -128,22 +128,6 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return RefitResult(out_dir, refitted, failures, time.perf_counter() - started)
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """PyTorch on one intra-op thread while refit records and gates: the reference batches are small, and on a
-    shared machine two threads waiting on each other made the same work 5-10x slower. Restored after (it is
-    process-wide: a TorchScript session of this process also computes on one thread meanwhile)."""
-    from rlopt.lazy import require
-
-    torch = require("torch")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _new_model(manifest: Manifest, recipe: Recipe, model_dir: Path, checkpoint: Path,
