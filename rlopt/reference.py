@@ -9,6 +9,7 @@ inputs hold PyTorch's own fed-back state) and `<point>:step<k>:out:<output>`, an
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,13 +154,15 @@ class Reference:
 
 @contextmanager
 def one_torch_thread() -> Iterator[None]:
-    """PyTorch on one intra-op thread while a reference is recorded (and refit gates): the batches are small, a
-    reference must not depend on the thread count (a BLAS splits sums by thread, so two compiles of the same
+    """PyTorch on one intra-op thread while a reference is recorded or a gate runs: the batches are small, a
+    reference must not depend on the thread count (kernels split sums by thread, so two compiles of the same
     weights would record different last bits), and on a shared machine two threads waiting on each other made
-    the same work 5-10x slower. Restored after (it is process-wide)."""
-    from rlopt.lazy import require
-
-    torch = require("torch")
+    the same work 5-10x slower. Restored after (it is process-wide). A process that has not imported torch runs
+    no PyTorch code here and is left alone."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -19,7 +19,7 @@ from rlopt.errors import ArtifactError, BackendUnavailable, describe_exception
 from rlopt.facts import ArtifactFacts, Facts
 from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read_manifest
 from rlopt.parity import Tolerance, run_parity
-from rlopt.reference import Reference
+from rlopt.reference import Reference, one_torch_thread
 from rlopt.runtime import open_artifact
 from rlopt.runtime.routes import unbucketed_variant
 
@@ -77,7 +77,15 @@ def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: s
        shape when the path serves other shapes (or nothing else does), else on one (it then serves nothing, and an
        untuned dynamic library can take 100 ms a call). The first failure stops the gate.
     `variant_samples` None = every sample. `facts` (the artifact's) say which path serves shapes without a build.
+    PyTorch runs on one thread, as when the reference was recorded, so TorchScript is compared bit for bit.
     """
+    with one_torch_thread():
+        return _gate(runner, reference, kind, distribution, tolerance, variant_samples, facts, trusted)
+
+
+def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance,
+          variant_samples: int | None, facts: ArtifactFacts | Mapping[str, Any] | None,
+          trusted: Callable[[str], bool] | None) -> GateResult:
     try:
         parity = check_parity(runner.infer, reference, kind, distribution, tolerance)
     except Exception as exc:  # the backend itself failed on recorded inputs: a verification failure

@@ -52,6 +52,7 @@ class VerifyBackend(Stage):
     """Parity and latency of one built backend; reused from the cache when artifact, reference and gate are unchanged."""
 
     name, inputs, cached, machine_dependent = "verify", ("reference.npz",), True, True
+    helpers = ("rlopt.verify", "rlopt.parity")  # the gate: a changed gate re-runs, not a cached verdict
 
     def __init__(self, backend: str, output: StageOutput, tol: Tolerance) -> None:
         self.backend, self.output, self.tol = backend, output, tol
