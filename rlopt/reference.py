@@ -127,11 +127,17 @@ class Reference:
     def shape(self, point: str) -> dict[str, list[int]]:
         return {name: list(self.arrays[f"{point}:in:{name}"].shape[1:]) for name in self.input_names}
 
-    def head(self, samples: int) -> Reference:
-        """The first `samples` recorded samples of every point."""
+    def head(self, samples: int, points: list[str] | None = None) -> Reference:
+        """The first `samples` recorded samples of every point (or of `points` only)."""
+        kept = set(self.points if points is None else points)
         return Reference({key: value if key.startswith("meta:") else value[:samples]
-                          for key, value in self.arrays.items()}, self.input_names, self.output_names,
-                         dict(self.state))
+                          for key, value in self.arrays.items()
+                          if key.startswith("meta:") or key.split(":")[0] in kept},
+                         self.input_names, self.output_names, dict(self.state))
+
+    def smallest_point(self) -> str:
+        """The point whose inputs hold the fewest elements (its calls are the cheapest)."""
+        return min(self.points, key=lambda point: sum(int(np.prod(shape)) for shape in self.shape(point).values()))
 
     def pairs(self) -> Iterator[tuple[str, dict[str, np.ndarray], list[np.ndarray]]]:
         for point in self.points:

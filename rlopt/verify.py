@@ -65,7 +65,7 @@ class GateResult:
 
 def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance, *,
                 variant_samples: int | None, facts: ArtifactFacts | Mapping[str, Any] | None = None,
-                trusted: Callable[[str], bool] | None = None) -> GateResult:
+                trusted: Callable[[str], bool] | None = None, code_unchanged: bool = False) -> GateResult:
     """The parity gate: the runner's main path on every recorded sample, then its tricks, then its required paths.
 
     1. `runner.infer` on the whole reference must pass; else the gate stops there (a raise is `error`).
@@ -75,17 +75,20 @@ def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: s
        (the manifest says they passed) are checked, and one of those failing fails the gate.
     3. Required paths (`parity_variants`, e.g. TVM's dynamic library) must pass: on `variant_samples` samples per
        shape when the path serves other shapes (or nothing else does), else on one (it then serves nothing, and an
-       untuned dynamic library can take 100 ms a call). The first failure stops the gate.
+       untuned dynamic library can take 100 ms a call). The first failure stops the gate. With `code_unchanged`
+       (refit: the same code that passed this gate at compile, only its parameters new, and they are read alike at
+       every shape), a path that serves nothing is checked on one sample at the smallest point only.
     `variant_samples` None = every sample. `facts` (the artifact's) say which path serves shapes without a build.
     PyTorch runs on one thread, as when the reference was recorded, so TorchScript is compared bit for bit.
     """
     with one_torch_thread():
-        return _gate(runner, reference, kind, distribution, tolerance, variant_samples, facts, trusted)
+        return _gate(runner, reference, kind, distribution, tolerance, variant_samples, facts, trusted,
+                     code_unchanged)
 
 
 def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance,
           variant_samples: int | None, facts: ArtifactFacts | Mapping[str, Any] | None,
-          trusted: Callable[[str], bool] | None) -> GateResult:
+          trusted: Callable[[str], bool] | None, code_unchanged: bool) -> GateResult:
     try:
         parity = check_parity(runner.infer, reference, kind, distribution, tolerance)
     except Exception as exc:  # the backend itself failed on recorded inputs: a verification failure
@@ -113,8 +116,10 @@ def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, to
     result.serving = unbucketed_variant({**known, "variant_parity": verdicts})
     variants = runner.parity_variants()
     for variant, infer in variants.items():
-        samples = variant_samples if result.serving in (None, variant) else 1
-        subset = reference if samples is None else reference.head(samples)
+        serves = result.serving in (None, variant)
+        samples = variant_samples if serves else 1
+        subset = reference if samples is None else reference.head(
+            samples, None if serves or not code_unchanged else [reference.smallest_point()])
         extra = check_parity(infer, subset, kind, distribution, tolerance)
         result.variant_parity[variant] = extra.model_dump(mode="json")
         if not extra.passed:

@@ -94,7 +94,7 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     runner = open_runner(backend, path, list(spec.inputs), facts)
     try:
         result = gate_runner(runner, reference, spec.kind, spec.distribution, tol, variant_samples=VARIANT_SAMPLES,
-                             facts=facts)
+                             facts=facts, code_unchanged=True)
     finally:
         runner.close()
     new.parity = result.parity

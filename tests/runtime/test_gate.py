@@ -89,6 +89,26 @@ def test_the_required_path_runs_once_per_shape_when_padding_serves_every_other_s
     assert result.serving_infer is not None
 
 
+@pytest.mark.parametrize("padded", [_exact, _off], ids=["padding-serves", "dynamic-serves"])
+def test_refit_checks_a_path_that_serves_nothing_once_at_the_smallest_shape(padded: Callable[..., Any]) -> None:
+    """code_unchanged (refit: same libraries, new parameters): the idle dynamic library runs one sample at min,
+    not one per shape; once it serves (the padding trick failed), it gets the full check as at compile."""
+    shapes: list[tuple[int, ...]] = []
+
+    def dynamic(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        shapes.append(feeds["x"].shape)
+        return _exact(feeds)
+
+    runner = StandIn(required={"dynamic": dynamic}, tricks={"padded": padded})
+    result = gate_runner(runner, _reference(), "value", "categorical", TOL, variant_samples=4, facts=BUILDS,
+                         code_unchanged=True)
+    assert result.passed
+    if padded is _exact:
+        assert result.serving == "padded" and shapes == [SHAPES["min"]]
+    else:
+        assert result.serving == "dynamic" and runner.calls["dynamic"] == 2 * 4 and SHAPES["max"] in shapes
+
+
 @pytest.mark.parametrize("trick", [_off, _raises], ids=["fails", "raises"])
 def test_a_trick_that_fails_is_recorded_and_turned_off_not_the_artifact(trick: Callable[..., Any]) -> None:
     runner = StandIn(required={"dynamic": _exact}, tricks={"padded": trick})
