@@ -354,11 +354,20 @@ def _internal_error(exc: BaseException) -> str:
     return "(no writable log directory)"
 
 
+RUN_ONLY_COMMANDS = frozenset({"refit", "verify", "warmup"})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and the contract's exit code; usage errors exit 2.
 
     Anything else is a bug in rlopt: one line saying so, the traceback in a log file, exit 3.
+    As the process's own entry (argv from sys.argv), a command that only runs artifacts loads each backend's
+    runtime alone (rlopt.backends.runtime_only_process); a call with `argv` leaves its process as it is.
     """
+    if argv is None and next((a for a in sys.argv[1:] if not a.startswith("-")), None) in RUN_ONLY_COMMANDS:
+        from rlopt.backends import runtime_only_process
+
+        runtime_only_process()
     try:
         app(args=argv)
     except RloptError as exc:

@@ -94,6 +94,8 @@ class Backend:
     `refit` is the "module:function" path of its RefitHook: it rewrites the artifact's weights in
     `RefitInputs.network_dir` without recompiling and returns the facts to record (the old ones, updated);
     None means this backend's artifacts cannot be refitted and `rlopt refit` refuses them.
+    `runtime_env` are environment settings under which its library loads only what runs artifacts (for a process
+    that never compiles: see rlopt.backends.runtime_only_process).
     """
 
     name: str
@@ -106,6 +108,7 @@ class Backend:
     facts: type[ArtifactFacts] = ArtifactFacts
     stages: tuple[str, ...] = ()
     refit: str | None = None
+    runtime_env: tuple[tuple[str, str], ...] = ()
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]

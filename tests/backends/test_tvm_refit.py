@@ -166,3 +166,52 @@ def test_baked_weights_are_refused_with_the_rebuild_command(tmp_path: Path) -> N
                                    onnx_path=tmp_path / "model.onnx", padded_onnx_path=None, state={}))
     message = str(caught.value)
     assert "\n" not in message and "baked" in message and "rlopt compile" in message
+
+
+RUNTIME_ONLY_SCRIPT = """
+import json, shutil, sys
+from pathlib import Path
+import numpy as np
+from rlopt.backends import runtime_only_process
+applied = runtime_only_process()
+from rlopt.backends.base import RefitInputs
+from rlopt.backends.tvm.facts import TvmFacts
+from rlopt.backends.tvm.refit import refit_artifact
+from rlopt.backends.tvm.runner import TvmRunner
+root, onnx_b, out, shapes = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])
+model_dir = root / "runtime-only"
+shutil.copytree(root / "a", model_dir)
+facts = json.loads((root / "facts-a.json").read_text())
+facts = refit_artifact(RefitInputs(network_dir=model_dir / "policy", artifact="tvm-llvm.so", facts=TvmFacts.of(facts),
+                                   onnx_path=onnx_b, padded_onnx_path=None, state={}))
+runner = TvmRunner(model_dir / "policy" / "tvm-llvm.so", ["input0"], facts)
+rng = np.random.default_rng(3)
+feeds = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+np.savez(out, *[runner.infer({"input0": x})[0] for x in feeds], *feeds)
+import tvm.base
+print(json.dumps({"applied": applied, "libraries": sorted(tvm.base._LOADED_LIBS)}))
+"""
+
+
+def test_a_process_that_only_runs_artifacts_refits_tvm_without_the_compiler(builds: dict[str, Any]) -> None:
+    """`rlopt refit` / `verify` / `warmup` load libtvm_runtime alone (TVM_USE_RUNTIME_LIB=1, ~0.5 s less per
+    process): the TVM hook and runner need nothing of the compiler, and compute what a build with B computes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (builds["root"] / "facts-a.json").write_text(json.dumps(builds["a"]))
+    out = builds["root"] / "runtime-only.npz"
+    shapes = [list(STATIC), [2, 3, 768]]
+    env = {k: v for k, v in os.environ.items() if k != "TVM_USE_RUNTIME_LIB"}
+    done = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_SCRIPT, str(builds["root"]), str(builds["onnx_b"]),
+                           str(out), json.dumps(shapes)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"applied": ["TVM_USE_RUNTIME_LIB=1"], "libraries": ["tvm_runtime"]}
+    rebuilt = _runner(builds["root"] / "b", builds["b"])
+    with np.load(out) as arrays:
+        for index in range(len(shapes)):
+            x = arrays[f"arr_{index + len(shapes)}"]
+            np.testing.assert_array_equal(arrays[f"arr_{index}"], rebuilt.infer({"input0": x})[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,19 @@ def test_cache_prune_command(tmp_path: Path) -> None:
     proc = run_rlopt("cache", "prune", "--json")
     assert proc.returncode == 0, proc.stderr
     assert isinstance(json.loads(proc.stdout)["removed"], int)
+
+
+@pytest.mark.parametrize(("argv", "own_entry", "applied"), [
+    (["rlopt", "verify", "MISSING"], True, True), (["rlopt", "refit", "MISSING", "--checkpoint", "c.pt"], True, True),
+    (["rlopt", "inspect", "MISSING"], True, False), (["rlopt", "verify", "MISSING"], False, False)])
+def test_only_the_processs_own_run_only_command_loads_runtimes_alone(
+        argv: list[str], own_entry: bool, applied: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlopt refit / verify / warmup` as the process's entry load TVM's runtime alone; an in-process call with
+    argv (a test, a user's script) must leave its process able to compile."""
+    calls: list[bool] = []
+    monkeypatch.setattr("rlopt.backends.runtime_only_process", lambda: calls.append(True) or [])
+    monkeypatch.setattr("sys.argv", [argv[0], *[str(tmp_path / a) if a == "MISSING" else a for a in argv[1:]]])
+    with pytest.raises(SystemExit) as exited:
+        main() if own_entry else main(sys.argv[1:])
+    assert exited.value.code == 2, "a missing MODEL_DIR is a usage error"
+    assert calls == ([True] if applied else [])

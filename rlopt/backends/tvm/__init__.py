@@ -34,4 +34,5 @@ BACKEND = Backend(
     runner="rlopt.backends.tvm.runner:TvmRunner",
     unavailable=_unavailable, threads=_threads, facts=TvmFacts, native=True,
     stages=("rlopt.backends.tvm.stages:TvmCudaBuild", "rlopt.backends.tvm.stages:TvmBuild"),
-    refit="rlopt.backends.tvm.refit:refit_artifact")
+    refit="rlopt.backends.tvm.refit:refit_artifact",
+    runtime_env=(("TVM_USE_RUNTIME_LIB", "1"),))

@@ -120,7 +120,7 @@ class TvmRunner(Runner):
         # the stall fallback re-sizes a pool later (with TVM_BIND_THREADS=0, else the caller is pinned to a core)
         os.environ.setdefault("TVM_NUM_THREADS", str(facts.num_threads or usable_cores()))
         self.tvm = require("tvm")
-        self._relax = require("tvm.relax")
+        self._vm = require("tvm.runtime.vm")  # what tvm.relax re-exports, without the compiler
         self.from_dlpack = require("tvm_ffi").from_dlpack
         self.device = self.tvm.cuda(0) if not facts.on_cpu else self.tvm.cpu(0)
         if not facts.on_cpu and not self.device.exist:
@@ -186,7 +186,7 @@ class TvmRunner(Runner):
         params_path = checked_sibling(path, facts.params.file)
         try:
             weights = read_params(params_path)
-            return {key: bind_params(self.tvm, self._relax.VirtualMachine(lib, self.device), names[key], weights,
+            return {key: bind_params(self.tvm, self._vm.VirtualMachine(lib, self.device), names[key], weights,
                                      self.device) for key, lib in self._libraries.items()}
         except Exception as exc:  # a bad file or a library that disagrees with it: numpy, zipfile and TVM errors
             raise ArtifactError(located(params_path, "", f"TVM weights do not load ({first_line(exc)})",
@@ -199,7 +199,7 @@ class TvmRunner(Runner):
     def _thread_state(self) -> Any:
         state = self._local
         if not hasattr(state, "plans"):
-            state.vms = {key: self._relax.VirtualMachine(lib, self.device) for key, lib in self._libraries.items()}
+            state.vms = {key: self._vm.VirtualMachine(lib, self.device) for key, lib in self._libraries.items()}
             state.functions = {key: _with_params(vm["main"], self._params[key]) for key, vm in state.vms.items()}
             state.plans = {}
             state.dynamic_plans = {}
@@ -228,7 +228,7 @@ class TvmRunner(Runner):
             staging = [self.staging(a) for a in arrays]
             for (buffer, _), array in zip(staging, arrays):
                 np.copyto(buffer, array)
-            vm = self._relax.VirtualMachine(self._libraries[bucket], self.device)
+            vm = self._vm.VirtualMachine(self._libraries[bucket], self.device)
             chain, results = record_chain(vm, staging, self.from_dlpack, self._params[bucket])
             # a refused chain still computed this call's outputs; the VM serves the calls after it
             plan: Any = chain if chain is not None else VmCall(
@@ -261,7 +261,7 @@ class TvmRunner(Runner):
             staging = [self.staging(np.empty(dims, dtype=dtype)) for dims, dtype in zip(target, dtypes)]
             for buffer, _ in staging:
                 buffer.fill(0)
-            chain, _ = record_chain(self._relax.VirtualMachine(self._libraries[target], self.device), staging,
+            chain, _ = record_chain(self._vm.VirtualMachine(self._libraries[target], self.device), staging,
                                     self.from_dlpack, self._params[target])
             state.padded_buckets[target] = None if chain is None else PaddedBucket(chain)
         bucket = state.padded_buckets[target]
