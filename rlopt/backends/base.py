@@ -65,8 +65,8 @@ class RefitInputs:
     `artifact` is the backend's artifact path relative to it; `facts` its typed facts from the old manifest.
     `onnx_path` is the exported graph with the new weights (same graph, initializers replaced) and
     `padded_onnx_path` its pad_gemm copy when the network was padded (else None); `state` is the new
-    state_dict as numpy arrays, keyed as the model's own `state_dict()`.
-    `reference` is the re-recorded reference.npz (for a hook that gates what it rebuilt).
+    state_dict as numpy arrays, keyed as the model's own `state_dict()`. The refit gates every artifact after its
+    hook, against the re-recorded reference (written in the background meanwhile: no hook reads it).
     """
 
     network_dir: Path
@@ -75,7 +75,6 @@ class RefitInputs:
     onnx_path: Path
     padded_onnx_path: Path | None
     state: dict[str, np.ndarray]
-    reference: Path | None = None
 
 
 RefitHook = Callable[[RefitInputs], dict[str, Any]]

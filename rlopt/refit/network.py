@@ -6,6 +6,7 @@ Works on the staging copy of the MODEL_DIR; files are rewritten there, never in 
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def _state(module: Any) -> dict[str, np.ndarray]:
 
 
 def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, onnx_path: Path, padded: Path | None,
-                state: dict[str, np.ndarray], reference: Path) -> dict[str, Any]:
+                state: dict[str, np.ndarray]) -> dict[str, Any]:
     from rlopt.backends import BACKENDS, facts_of
     from rlopt.backends.base import RefitInputs
 
@@ -70,8 +71,7 @@ def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, on
     assert hook is not None and record.path is not None  # refusal() checked every built artifact has one
     artifact = Path(record.path).relative_to(name).as_posix()
     try:
-        return dict(hook(RefitInputs(folder, artifact, facts_of(backend, record.facts), onnx_path, padded, state,
-                                     reference)))
+        return dict(hook(RefitInputs(folder, artifact, facts_of(backend, record.facts), onnx_path, padded, state)))
     except BackendUnavailable as exc:
         raise UsageError(located(folder / artifact, f"networks.{name}.artifacts.{backend}",
                                  f"cannot be refitted on this machine ({exc})",
@@ -109,10 +109,8 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
     see `rewritten_anew`) with `model`'s weights; gate and drift failures go to `failures`."""
     from rlopt.refit.checkpoint import check_state
     from rlopt.refit.drift import reference_drift
-    from rlopt.refit.weight_map import apply_weight_map
     from rlopt.reference import rerecord_reference
     from rlopt.stages.load_model import submodule
-    from rlopt.stages.script import weights_sha256
 
     torch = require("torch")
     spec, verify, folder = recipe.networks[name], recipe.verify, staging / name
@@ -120,12 +118,37 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
     module = submodule(model, spec.module, recipe_path, name)
     compiled = torch.jit.load(str(folder / "model.ts"), map_location="cpu")
     check_state(compiled.state_dict(), module.state_dict(), checkpoint, f"network '{name}'")
-    state = _state(module)
     inputs, outputs = list(spec.inputs), list(spec.outputs)
     old_reference = Reference.load(source / old.reference.path, inputs, outputs)
     with torch.no_grad():
         reference = rerecord_reference(module, spec, old_reference, recipe_path=recipe_path, network=name)
-    reference.save(folder / "reference.npz")
+    with ThreadPoolExecutor(1, thread_name_prefix="rlopt-reference") as writer:
+        # np.savez's CRC, the file write and sha256 release the GIL: 32 MB for the default recipe, written on
+        # the other core while the hooks and gates run (they use the in-memory reference)
+        saved = writer.submit(_save_reference, reference, folder / "reference.npz", staging)
+        new = _refit_artifacts(staging, recipe, name, old, module, reference, failures)
+        new.reference = saved.result()
+    if spec.kind == "policy":
+        new.drift = reference_drift(old_reference, reference, spec.distribution)
+        limit = verify.max_drift_kl
+        if limit is not None and new.drift.kl_mean > limit:
+            failures.append(f"{name}: policy drift KL(old || new) {new.drift.kl_mean:.3g} > verify.max_drift_kl "
+                            f"{limit:g}")
+    return new
+
+
+def _save_reference(reference: Reference, path: Path, staging: Path) -> FileRecord:
+    reference.save(path)
+    return file_record(staging, path)
+
+
+def _refit_artifacts(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, module: Any, reference: Reference,
+                     failures: list[str]) -> NetworkRecord:
+    """The ONNX graph, its padded copy and every built artifact rewritten, each artifact gated; the file records."""
+    from rlopt.refit.weight_map import apply_weight_map
+    from rlopt.stages.script import weights_sha256
+
+    spec, folder, state = recipe.networks[name], staging / name, _state(module)
     apply_weight_map(folder / "model.onnx", old.facts["onnx"]["weight_map"], state)
     padded = repad(folder, old.facts, recipe) if "model.padded.onnx" in old.files else None
     artifacts: dict[str, BackendRecord] = {}
@@ -134,24 +157,16 @@ def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, 
         if not record.built:
             artifacts[backend] = record
             continue
-        facts = _hook_facts(backend, name, folder, record, folder / "model.onnx", padded, state,
-                            folder / "reference.npz")
+        facts = _hook_facts(backend, name, folder, record, folder / "model.onnx", padded, state)
         artifacts[backend], failure = gate(staging, backend, record, facts, reference, recipe, spec,
                                            f"{name}/{backend}", hashes)
         if failure:
             failures.append(failure)
     copies = _refresh_copies(staging, old)
     new = old.model_copy(deep=True, update={"artifacts": artifacts})
-    new.reference = file_record(staging, folder / "reference.npz")
     new.files = {key: _file_entry(hashes, staging, record.path, copies.get(record.path))
                  for key, record in old.files.items()}
     new.facts["script"] = {**old.facts.get("script", {}), "weights_sha256": weights_sha256(module)}
-    if spec.kind == "policy":
-        new.drift = reference_drift(old_reference, reference, spec.distribution)
-        limit = verify.max_drift_kl
-        if limit is not None and new.drift.kl_mean > limit:
-            failures.append(f"{name}: policy drift KL(old || new) {new.drift.kl_mean:.3g} > verify.max_drift_kl "
-                            f"{limit:g}")
     return new
 
 
