@@ -42,6 +42,10 @@ class Runner:
         """Optional tricks, used only where the parity gate passed them."""
         return {}
 
+    def events(self) -> list[dict[str, Any]]:
+        """What the runner changed about itself while running (e.g. TVM's pool re-sized), oldest first."""
+        return []
+
     def warm_up(self, feeds: dict[str, np.ndarray]) -> None:
         """One call per shape before serving, so first-call costs are paid before traffic."""
         self.infer(feeds)

@@ -79,7 +79,7 @@ def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, on
 
 
 def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, Any], reference: Reference,
-         recipe: Recipe, spec: Any, subject: str, hashes: Hashes | None = None) -> tuple[BackendRecord, str | None]:
+         recipe: Recipe, spec: Any, subject: str, hashes: Hashes) -> tuple[BackendRecord, str | None]:
     """The refitted artifact through the parity gate compile uses (rlopt.verify.gate_runner); latency is carried
     over from the old MODEL_DIR (same graph, same code)."""
     from rlopt.backends import open_runner
@@ -89,7 +89,7 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     assert record.path is not None
     tol = tolerance_for(facts, recipe.verify)
     path = staging / record.path
-    current = (hashes or Hashes(staging)).record(path)
+    current = hashes.record(path)
     new = record.model_copy(update={"sha256": current.sha256, "bytes": current.bytes, "facts": facts})
     runner = open_runner(backend, path, list(spec.inputs), facts)
     try:

@@ -133,7 +133,7 @@ class Session:
         """What the runners changed about themselves while running (TVM's pool re-sized to one thread when a busy
         core stalled it), oldest first per runner."""
         return [dict(e, backend=name) for name, r in self._gen.runners.items()
-                for e in getattr(r, "thread_switches", [])]
+                for e in r.events()]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         gen = self._gen  # one load: a reload between here and the return does not touch this call

@@ -157,6 +157,9 @@ class TvmRunner(Runner):
                 limits[key] = limit
         return limits
 
+    def events(self) -> list[dict[str, Any]]:
+        return list(self.thread_switches)
+
     def _stalled(self, bucket: ShapeKey, guard: StallGuard) -> None:
         """Calls at `bucket` kept running slower than one thread would: this thread's pool goes to one thread."""
         if not one_thread_pool(require("tvm_ffi").get_global_func("runtime.config_threadpool")):
