@@ -105,9 +105,11 @@ def train_ppo(zip_path: Path, timesteps: int = 256) -> None:
     """SB3 PPO MlpPolicy (its default [64, 64] nets) on CartPole-v1: a few seconds, offline, seeded."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     env = make_vec_env("CartPole-v1", n_envs=1, seed=0)
     model = PPO("MlpPolicy", env, seed=0, device="cpu", n_steps=128, batch_size=64, n_epochs=1)
+    model.set_logger(Logger(None, []))  # SB3's default logger leaves an empty SB3-<time> folder in /tmp
     model.learn(timesteps)
     model.save(zip_path)
     env.close()

@@ -395,15 +395,26 @@ def test_compile_with_tune_trials_tunes_then_builds(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_time_budget_stops_and_marks_the_workload_partial(tmp_path: Path) -> None:
+def test_time_budget_stops_and_marks_the_workload_partial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    import psutil
+
     from rlopt.backends.tvm.database import read_meta
     from rlopt.tools.tune import tune_recipe
 
     recipe = _static_recipe(tmp_path)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     result = tune_recipe(recipe, trials=64, time_budget_s=0.5)
     assert result.stopped_by_budget is True
     assert sum(t.done for t in result.tasks) < 64 * len(result.tasks)
     assert read_meta(result.database)["workloads"]["policy[input0=2x3x32]"]["partial"] is True
+    assert list(temp.iterdir()) == [], "no candidate library is left in the temp folder"
+    workers = [p for p in psutil.Process().children(recursive=True) if "popen_worker" in " ".join(p.cmdline())]
+    assert psutil.wait_procs(workers, timeout=10)[1] == [], "no MetaSchedule worker outlives the tune"
 
 
 @pytest.mark.slow

@@ -59,6 +59,7 @@ def _train(name: str, folder: Path) -> None:
     import sb3_contrib
     import stable_baselines3
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecNormalize
 
     algorithm, policy, env_id, kwargs, steps, vecnormalize = AGENTS[name]
@@ -71,6 +72,7 @@ def _train(name: str, folder: Path) -> None:
     if vecnormalize:
         env = VecNormalize(env)
     model = cls(policy, env, seed=0, device="cpu", **kwargs)
+    model.set_logger(Logger(None, []))  # SB3's default logger leaves an empty SB3-<time> folder in /tmp
     model.learn(steps)
     model.save(folder / f"{name}.zip")
     if vecnormalize:

@@ -8,6 +8,7 @@ that imports nothing but TVM, and only when called.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -18,3 +19,15 @@ def build_candidate(mod: Any, target: Any, params: Any = None) -> Any:
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.tirx.build(mod, target=target)
+
+
+def export_candidate(mod: Any, directory: str) -> str:
+    """Export one built candidate under `directory` (the tune's scratch folder, removed when tuning ends): the
+    stock export makes a `tempfile.mkdtemp()` folder per candidate that nothing ever removes."""
+    import tempfile
+
+    from tvm.support.tar import tar
+
+    artifact = Path(tempfile.mkdtemp(dir=directory)) / f"tvm_tmp_mod.{tar.output_format}"
+    mod.export_library(str(artifact), fcompile=tar)
+    return str(artifact)

@@ -16,6 +16,7 @@ Why it is shaped like this (shared notes, measured here):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -272,6 +273,13 @@ def _runner(rpc: RpcSpec | None) -> Any:
     return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=1)
 
 
+def _stop_workers(runner: Any) -> None:
+    """The local runner's measuring process outlives the tune otherwise (TVM frees the runner only at exit)."""
+    pool = getattr(runner, "pool", None)
+    if pool is not None:
+        pool.shutdown(wait=False)
+
+
 def search_strategy(trials: int) -> Any:
     """Evolutionary search sized to the budget: the stock population (512) costs ~10 s per kernel per round here,
     which only pays off for real budgets; a few trials get a small population."""
@@ -305,7 +313,7 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
     reporter = reporter or _SilentTuning()
     tvm = require("tvm")
     ms = require("tvm.s_tir.meta_schedule")
-    from rlopt.backends.tvm.builder import build_candidate
+    from rlopt.backends.tvm.builder import build_candidate, export_candidate
 
     target = tvm.target.Target(target_dict)
     database = open_database(directory, create=True)
@@ -345,20 +353,25 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
             callbacks.append(_progress_callback(to_tune, reporter, deadline, stopped))
             # small enough that the first round reaches every kernel (the budget is per shape, not per kernel)
             per_iter = max(1, min(16, trials * len(pending) // (2 * len(to_tune))))
+            artifacts = scratch / "artifacts"
+            artifacts.mkdir()
+            builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=cores, timeout_sec=120,
+                                              f_export=functools.partial(export_candidate, directory=str(artifacts)))
+            runner = _runner(rpc)
             previous_handler = _stop_on_interrupt(stopped, interrupted)
             try:
                 ms.tune.tune_tasks(
                     tasks=contexts, task_weights=weights, work_dir=str(scratch),
                     max_trials_global=max(trials * len(pending), len(to_tune)), max_trials_per_task=trials,
-                    num_trials_per_iter=per_iter,
-                    builder=ms.builder.LocalBuilder(f_build=build_candidate, max_workers=cores, timeout_sec=120),
-                    runner=_runner(rpc), database=database, cost_model=kind, measure_callbacks=callbacks)
+                    num_trials_per_iter=per_iter, builder=builder, runner=runner, database=database,
+                    cost_model=kind, measure_callbacks=callbacks)
             except Exception:  # BudgetSpent comes back through TVM's FFI as its own error type
                 if not stopped[0]:
                     raise
             finally:
                 if previous_handler is not None:
                     signal.signal(signal.SIGINT, previous_handler)
+                _stop_workers(runner)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     def meta_entry(workload: Workload) -> dict[str, Any]:
