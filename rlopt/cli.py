@@ -268,7 +268,7 @@ def tune_command(
 ) -> None:
     """MetaSchedule-tune every network at each profile shape; compile then applies the database without re-tuning."""
     from rlopt.render import stderr, stdout
-    from rlopt.backends.tvm.tuning import RpcSpec
+    from rlopt.backends.tvm.measuring import RpcSpec
     from rlopt.tools.tune import tune_recipe
     from rlopt.tools.tune.progress import TuneProgress, result_table
 

@@ -16,7 +16,6 @@ Why it is shaped like this (shared notes, measured here):
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shutil
@@ -38,6 +37,7 @@ from rlopt.backends.tvm.database import (
     read_meta,
     write_meta,
 )
+from rlopt.backends.tvm.measuring import RpcSpec, make_builder, make_runner, stop_workers
 from rlopt.errors import UsageError
 from rlopt.lazy import require
 
@@ -177,26 +177,6 @@ def _stop_on_interrupt(stopped: list[bool], interrupted: list[bool]) -> Any:
 
 
 @dataclass
-class RpcSpec:
-    """MetaSchedule's RPC runner against a TVM tracker (`python -m tvm.exec.rpc_tracker`)."""
-
-    host: str
-    port: int
-    key: str
-    session_timeout_s: float = 120.0
-
-    @classmethod
-    def parse(cls, tracker: str, key: str | None) -> RpcSpec:
-        host, sep, port = tracker.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise UsageError(f"--rpc-tracker '{tracker}': expected HOST:PORT; fix: e.g. --rpc-tracker 127.0.0.1:9190")
-        if not key:
-            raise UsageError("--rpc-tracker needs --rpc-key (the key the RPC servers registered with); "
-                             "fix: add --rpc-key KEY")
-        return cls(host, int(port), key)
-
-
-@dataclass
 class TuneResult:
     database: Path
     target: dict[str, Any]
@@ -259,27 +239,6 @@ def cost_model_kind() -> str:
     return "xgb" if find_spec("xgboost") is not None else "random"
 
 
-def _runner(rpc: RpcSpec | None) -> Any:
-    ms = require("tvm.s_tir.meta_schedule")
-    evaluator = ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
-    if rpc is None:
-        return ms.runner.LocalRunner(evaluator_config=evaluator, timeout_sec=60)
-    from importlib.util import find_spec
-
-    if find_spec("tornado") is None:
-        raise UsageError(f"--rpc-tracker needs tornado (TVM's RPC); fix: {TUNING_EXTRAS}")
-    config = ms.runner.RPCConfig(tracker_host=rpc.host, tracker_port=rpc.port, tracker_key=rpc.key,
-                                 session_timeout_sec=int(rpc.session_timeout_s))
-    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, max_workers=1)
-
-
-def _stop_workers(runner: Any) -> None:
-    """The local runner's measuring process outlives the tune otherwise (TVM frees the runner only at exit)."""
-    pool = getattr(runner, "pool", None)
-    if pool is not None:
-        pool.shutdown(wait=False)
-
-
 def search_strategy(trials: int) -> Any:
     """Evolutionary search sized to the budget: the stock population (512) costs ~10 s per kernel per round here,
     which only pays off for real budgets; a few trials get a small population."""
@@ -313,7 +272,6 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
     reporter = reporter or _SilentTuning()
     tvm = require("tvm")
     ms = require("tvm.s_tir.meta_schedule")
-    from rlopt.backends.tvm.builder import build_candidate, export_candidate
 
     target = tvm.target.Target(target_dict)
     database = open_database(directory, create=True)
@@ -353,11 +311,7 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
             callbacks.append(_progress_callback(to_tune, reporter, deadline, stopped))
             # small enough that the first round reaches every kernel (the budget is per shape, not per kernel)
             per_iter = max(1, min(16, trials * len(pending) // (2 * len(to_tune))))
-            artifacts = scratch / "artifacts"
-            artifacts.mkdir()
-            builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=cores, timeout_sec=120,
-                                              f_export=functools.partial(export_candidate, directory=str(artifacts)))
-            runner = _runner(rpc)
+            builder, runner = make_builder(cores, scratch / "artifacts"), make_runner(rpc)
             previous_handler = _stop_on_interrupt(stopped, interrupted)
             try:
                 ms.tune.tune_tasks(
@@ -371,7 +325,7 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
             finally:
                 if previous_handler is not None:
                     signal.signal(signal.SIGINT, previous_handler)
-                _stop_workers(runner)
+                stop_workers(runner)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     def meta_entry(workload: Workload) -> dict[str, Any]:
