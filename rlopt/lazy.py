@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+import threading
 from types import ModuleType
 
 from rlopt.errors import BackendUnavailable
@@ -16,9 +18,17 @@ INSTALL_HINTS: dict[str, str] = {
 }
 
 
+# Libraries that load faster before torch: tvm_ffi imports torch ahead of itself (a workaround for a Windows
+# symbol clash), and TVM's runtime-only import then raises 140 FFI errors for the compiler's absent types, the
+# first of which has libbacktrace read the symbols of every loaded library, torch's too (0.7 s here).
+LOAD_BEFORE_TORCH = frozenset({"tvm"})
+
+
 def require(module: str) -> ModuleType:
     """Import `module` or raise BackendUnavailable naming the install command."""
     try:
+        if module.split(".")[0] in LOAD_BEFORE_TORCH:
+            return _import_before_torch(module)
         return importlib.import_module(module)
     except ImportError as exc:
         top = module.split(".")[0]
@@ -26,6 +36,19 @@ def require(module: str) -> ModuleType:
         raise BackendUnavailable(
             f"module '{module}' is required but could not be imported ({exc}); fix: {hint}"
         ) from exc
+
+
+def _import_before_torch(module: str) -> ModuleType:
+    """Import `module` with `import torch` failing, when torch is not imported yet and no other thread could be
+    importing it (the import's only use of torch is its torch-tensor exchange, which rlopt does not use)."""
+    if module.split(".")[0] in sys.modules or "torch" in sys.modules or threading.active_count() > 1:
+        return importlib.import_module(module)
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
+    try:
+        return importlib.import_module(module)
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
 
 
 def version_of(distribution: str) -> str | None:

@@ -151,6 +151,10 @@ class Manifest(_Model):
                 del network["drift"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
+    def built_backends(self) -> set[str]:
+        """Every backend with a built artifact in some network."""
+        return {b for network in self.networks.values() for b, a in network.artifacts.items() if a.built}
+
     def network(self, name: str, model_dir: Path) -> NetworkRecord:
         if name not in self.networks:
             known = ", ".join(sorted(self.networks))

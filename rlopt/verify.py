@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.backends import facts_of, unavailable_reason
+from rlopt.backends import facts_of, import_before_torch, unavailable_reason
 from rlopt.backends.base import Infer, Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, describe_exception
 from rlopt.facts import ArtifactFacts, Facts
@@ -174,6 +174,7 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
     """Re-hash every file listed in the manifest, then re-run parity of every runnable backend."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
+    import_before_torch(manifest.built_backends())
     report = VerifyReport(model_dir)
     _check_file(model_dir, "", manifest.recipe, report)
     for name, network in manifest.networks.items():

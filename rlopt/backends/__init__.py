@@ -5,12 +5,12 @@ Importing this package imports no backend library; a runner's module is imported
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
 from rlopt.backends import onnxruntime, tensorrt, torchscript, tvm
-from rlopt.backends.base import Backend, Runner
+from rlopt.backends.base import Backend, Runner, module_missing
 from rlopt.errors import BackendUnavailable
 from rlopt.facts import ArtifactFacts
 
@@ -67,6 +67,17 @@ def runtime_only_process() -> list[str]:
     return applied
 
 
+def import_before_torch(backends: Iterable[str]) -> None:
+    """Import the libraries of `backends` that load faster before torch (rlopt.lazy.LOAD_BEFORE_TORCH) and can
+    run here, so that opening a MODEL_DIR's runners (TorchScript's imports torch) costs the least."""
+    from rlopt.lazy import LOAD_BEFORE_TORCH, require
+
+    for name in backends:
+        backend = BACKENDS.get(name)
+        if backend is not None and backend.module in LOAD_BEFORE_TORCH and module_missing(backend.module) is None:
+            require(backend.module)
+
+
 def open_runner(backend: str, path: Path, input_names: list[str], facts: FactsLike) -> Runner:
     """Open `path` with `backend`'s runner after its availability rule passed; the runner gets typed facts."""
     typed = facts_of(backend, facts)
@@ -76,4 +87,5 @@ def open_runner(backend: str, path: Path, input_names: list[str], facts: FactsLi
     return RUNNERS[backend](path, input_names, typed)
 
 
-__all__ = ["BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "open_runner", "unavailable_reason"]
+__all__ = ["BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "import_before_torch", "open_runner",
+           "unavailable_reason"]

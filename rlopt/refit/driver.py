@@ -86,6 +86,7 @@ def refusal(manifest: Manifest) -> tuple[str, str] | None:
 def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | str | None = None, *,
                     vecnormalize: Path | str | None = None) -> RefitResult:
     """Everything `rlopt refit` does; failures (gate, drift) are returned and then nothing is published."""
+    from rlopt.backends import import_before_torch
     from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
     from rlopt.locking import exclusive_lock
     from rlopt.refit.checkpoint import rebuild_command
@@ -103,6 +104,7 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
     if out_dir.resolve() != model_dir.resolve() and not is_model_dir_or_empty(out_dir):
         raise UsageError(located(out_dir, "-o", "exists and is not an rlopt MODEL_DIR",
                                  "choose another output directory or remove it"))
+    import_before_torch(manifest.built_backends())
     model, recipe = _new_model(manifest, recipe, model_dir, checkpoint, vecnormalize)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir.parent / f".{out_dir.name}.lock", out_dir, "rlopt refit"):

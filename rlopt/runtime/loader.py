@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
+from rlopt.backends import BACKENDS, Runner, facts_of, import_before_torch, open_runner, unavailable_reason
 from rlopt.errors import ArtifactError, UsageError, located
 from rlopt.facts import ArtifactFacts
 from rlopt.manifest import (
@@ -97,8 +97,10 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
         fallback = resolve_backend(manifest, model_dir, network, backend)
         record, routes = manifest.networks[network], {}
     runners: dict[str, Runner] = {}
+    opened = list(dict.fromkeys([fallback, *routes.values()]))
+    import_before_torch(opened)
     try:
-        for name in dict.fromkeys([fallback, *routes.values()]):
+        for name in opened:
             artifact = record.artifacts[name]
             facts = facts_of(name, artifact.facts)
             if name == "onnxruntime" and ort:
