@@ -31,6 +31,8 @@ class InputProfile(_Model):
     opt: list[int]
     max: list[int]
     range: list[int] | None = None  # integer inputs: the values verification samples (inclusive)
+    # integer inputs that index a table (an ONNX Gather): the values every backend accepts; Session.run refuses others
+    index_range: list[int] | None = None
 
 
 def shape_label(dims_per_input: Iterable[Sequence[int]]) -> str:
@@ -149,6 +151,9 @@ class Manifest(_Model):
         for network in body["networks"].values():
             if network["drift"] is None:
                 del network["drift"]
+            for profile in network["inputs"].values():
+                if profile["index_range"] is None:
+                    del profile["index_range"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     def built_backends(self) -> set[str]:

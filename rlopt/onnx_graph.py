@@ -92,3 +92,44 @@ def to_fp16(model: Any) -> Any:
     graph = gs.import_onnx(float16.convert_float_to_float16(model, keep_io_types=True))
     graph.toposort()
     return gs.export_onnx(graph)
+
+
+VALUE_PRESERVING = frozenset({"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand"})
+
+
+def index_ranges(model: Any) -> dict[str, list[int]]:
+    """{integer graph input: [0, rows - 1]} for each input whose values index a table the graph holds as weights
+    (Gather's indices, through ops that keep the values): what every backend accepts. ONNX Runtime refuses
+    other values, PyTorch's embedding refuses negatives, and TVM's take reads out of bounds."""
+    from onnx import TensorProto
+
+    integer = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8,
+               TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
+    scope = GraphScope(model)
+    constant_shapes = {node.output[0]: list(node.attribute[0].t.dims) for graph in subgraphs(model.graph)
+                       for node in graph.node if node.op_type == "Constant" and node.attribute
+                       and node.attribute[0].name == "value"}
+    nodes = [node for graph in subgraphs(model.graph) for node in graph.node]
+    readers: dict[str, list[tuple[Any, int]]] = {}
+    for node in nodes:
+        for index, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, index))
+    ranges: dict[str, list[int]] = {}
+    for graph_input in model.graph.input:
+        if graph_input.type.tensor_type.elem_type not in integer:
+            continue
+        rows, seen, frontier = [], set(), [graph_input.name]
+        while frontier:
+            name = frontier.pop()
+            for node, index in readers.get(name, []):
+                if node.op_type == "Gather" and index == 1:
+                    shape = scope.shape(node.input[0]) or constant_shapes.get(node.input[0])
+                    axis = int(node_attributes(node).get("axis", 0))
+                    if shape and -len(shape) <= axis < len(shape):
+                        rows.append(int(shape[axis]))
+                elif node.op_type in VALUE_PRESERVING and index == 0 and node.output[0] not in seen:
+                    seen.add(node.output[0])
+                    frontier.append(node.output[0])
+        if rows:
+            ranges[graph_input.name] = [0, min(rows) - 1]
+    return ranges

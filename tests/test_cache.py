@@ -73,3 +73,29 @@ def test_clear(tmp_path: Path) -> None:
     cache = StageCache(tmp_path / "cache")
     _store(cache, tmp_path)
     assert cache.clear() == 1 and not (tmp_path / "cache").exists()
+
+
+def test_a_cached_stage_declares_every_rlopt_module_its_code_imports() -> None:
+    """A cached stage's key holds the source of its module and helpers only: a module its methods import and it
+    does not declare (ExportOnnx once left out rlopt.stages.export_onnx) would keep serving outputs of old code."""
+    import importlib
+    import inspect
+    import pkgutil
+    import re
+
+    import rlopt
+    from rlopt.compile.stage import Stage
+
+    for module in pkgutil.walk_packages(rlopt.__path__, "rlopt."):
+        if module.name != "rlopt.__main__":
+            importlib.import_module(module.name)
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    cached = [cls for cls in subclasses(Stage) if cls.cached]
+    assert {"ExportOnnx", "RecordReference", "VerifyBackend", "TvmBuild"} <= {cls.__name__ for cls in cached}
+    for cls in cached:
+        source = inspect.getsource(cls)
+        imported = set(re.findall(r"from (rlopt[\w.]*) import", source))
+        assert imported <= {cls.__module__, *cls.helpers}, (cls.__name__, imported - {cls.__module__, *cls.helpers})

@@ -86,13 +86,23 @@ def test_lstm_with_state_compiles_and_verifies_over_steps(tmp_path: Path) -> Non
 
 
 def test_embedding_ids_are_sampled_over_the_table_and_verify(tmp_path: Path) -> None:
-    result = compile_architecture(tmp_path, "embedding_ids", FAST)
+    import rlopt
+
+    result = compile_architecture(tmp_path, "embedding_ids", [*FAST, "tvm"])
     assert result.passed, result.failures
     network = result.manifest.networks["net"]
     reference = Reference.load(result.model_dir / network.reference.path, list(network.inputs), network.outputs)
     ids = reference.arrays["max:in:ids"]
     assert ids.dtype == np.int64 and 9 < ids.max() <= 49
     assert all(network.artifacts[b].parity.passed for b in FAST)
+    assert network.inputs["ids"].index_range == [0, 49], "the embedding's rows, read from the ONNX graph"
+    built = [b for b, a in network.artifacts.items() if a.built]
+    for backend in built:  # TVM's take would read out of bounds (a segfault at 10**9); every backend refuses alike
+        with rlopt.load(result.model_dir, "net", backend=backend) as session:
+            assert session.run({"ids": np.array([[0, 49, 7]], np.int64)})["logits"].shape == (1, 4)
+            for bad in (50, -1, 10**9):
+                with pytest.raises(ValueError, match=rf"input 'ids': value {bad} is outside \[0, 49\]"):
+                    session.run({"ids": np.array([[1, bad]], np.int64)})
 
 
 # ---- property: random small networks verify, fail parity naming the backend, or are refused in one line

@@ -111,6 +111,7 @@ class RecordReference(Stage):
 
 class ExportOnnx(Stage):
     name, inputs, outputs, cached = "onnx", ("model.ts",), ("model.onnx",), True
+    helpers = ("rlopt.stages.export_onnx", "rlopt.refit.weight_map", "rlopt.onnx_graph")
 
     def config(self, ctx: Context) -> Any:
         return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset}

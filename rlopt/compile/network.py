@@ -63,10 +63,11 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
         artifacts[backend], failure = backend_record(ctx, out, output.artifact)
         if failure:
             ctx.failures.append(failure)
+    index_ranges = ctx.outputs["onnx"].facts.get("index_ranges", {}) if "onnx" in ctx.outputs else {}
     record = NetworkRecord(
         kind=spec.kind, distribution=spec.distribution, module=spec.module,
         inputs={n: InputProfile(dtype=s.dtype, min=s.dims("min"), opt=s.dims("opt"), max=s.dims("max"),
-                                range=s.range)
+                                range=s.range, index_range=index_ranges.get(n))
                 for n, s in spec.inputs.items()},
         outputs=list(spec.outputs), precision=spec.precision,
         tolerance={"atol": verify.atol, "rtol": verify.rtol, "max_kl": verify.max_kl},

@@ -50,6 +50,18 @@ def check_feeds(feeds: dict[str, Any], profiles: dict[str, InputProfile]) -> dic
     return checked
 
 
+def check_indices(feeds: dict[str, Any], bounds: list[tuple[str, int, int]]) -> None:
+    """Integer inputs that index a table must lie in its rows (manifest `index_range`); else a ValueError naming
+    the input. Checked on every call: ONNX Runtime would refuse the value, TVM would read out of bounds."""
+    for name, lo, hi in bounds:
+        value = feeds.get(name) if isinstance(feeds, dict) else None
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iu" and value.size:
+            low, high = value.min(), value.max()
+            if low < lo or high > hi:
+                raise ValueError(f"input '{name}': value {low if low < lo else high} is outside [{lo}, {hi}], the rows "
+                                 f"of the table it indexes; fix: map ids into [{lo}, {hi}] before Session.run")
+
+
 ShapeKey = tuple[tuple[int, ...], ...]
 FAST_PATH_ENTRIES = 256
 
@@ -85,7 +97,7 @@ def compatibility_problem(current: Session, fresh: Session) -> str:
         return f"inputs {list(fresh.inputs)} are not {list(current.inputs)}"
     for name, profile in current.inputs.items():
         other = fresh.inputs[name]
-        for field in ("dtype", "min", "opt", "max"):
+        for field in ("dtype", "min", "opt", "max", "index_range"):
             if getattr(other, field) != getattr(profile, field):
                 return f"input '{name}' {field} {getattr(other, field)} is not {getattr(profile, field)}"
     if fresh.outputs != current.outputs:
@@ -109,6 +121,7 @@ class Session:
         self.inputs: dict[str, InputProfile] = dict(record.inputs)
         self.outputs: list[str] = list(record.outputs)
         self._names = list(record.inputs)
+        self._index_bounds = [(name, *p.index_range) for name, p in self.inputs.items() if p.index_range]
         self._reopen = reopen
         self._reload_lock = threading.Lock()
         self._retired: list[_Generation] = []
@@ -137,6 +150,8 @@ class Session:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         gen = self._gen  # one load: a reload between here and the return does not touch this call
+        if self._index_bounds:
+            check_indices(feeds, self._index_bounds)
         bound = getattr(gen.local, "bound", None)
         try:
             arrays = [feeds[name] for name in self._names]

@@ -25,6 +25,7 @@ from typing import Any
 
 from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
+from rlopt.onnx_graph import index_ranges
 from rlopt.recipe import InputSpec, NetworkSpec
 from rlopt.stages.base import StageOutput
 
@@ -271,6 +272,7 @@ def export_onnx(ts_path: Path, spec: NetworkSpec, opset: int, out_path: Path, *,
                                      facts["export_path"])
     return StageOutput(out_path, {"exporter": EXPORTERS[facts["export_path"]], **facts, "opset": opset,
                                   "nodes": len(model.graph.node), "op_types": op_types,
+                                  "index_ranges": index_ranges(model),
                                   "dynamic_dims": dynamic_axes, "if_nodes": op_types.count("If")})
 
 

@@ -65,7 +65,7 @@ def gru_dir(compiled: CompileFactory) -> Path:
 def test_session_inputs_give_dtype_profile_and_integer_range(gru_dir: Path) -> None:
     with rlopt.load(gru_dir, "actor", "onnxruntime") as session:
         assert session.inputs == {
-            "ids": InputProfile(dtype="int64", min=[1], opt=[2], max=[4], range=[0, 4]),
+            "ids": InputProfile(dtype="int64", min=[1], opt=[2], max=[4], range=[0, 4], index_range=[0, 4]),
             "h": InputProfile(dtype="float32", min=[1, 16], opt=[2, 16], max=[4, 16], range=None)}
         assert session.outputs == ["logits", "h_new"]
 
