@@ -38,14 +38,23 @@ def compile_command(
     from rlopt.compile import compile_agent, compile_recipe
     from rlopt.compile.cache import StageCache
     from rlopt.errors import UsageError
-    from rlopt.logs import stdout_kept_for_json
-    from rlopt.render import ProgressReporter, parity_failure_table, stage_table, stderr, stdout, summary_table
+    from rlopt.logs import native_output_to_log, stdout_kept_for_json
+    from rlopt.render import (
+        ProgressReporter,
+        native_log_note,
+        parity_failure_table,
+        stage_table,
+        stderr,
+        stdout,
+        summary_table,
+    )
 
     agent = recipe.suffix.lower() == ".zip"
     if not agent and (vecnormalize is not None or env is not None):
         raise UsageError(f"{recipe}: --vecnormalize / --env go with an agent .zip; fix: put them in the recipe "
                          "(model.vecnormalize, verify.rollout.env)")
-    with ProgressReporter() as reporter, (stdout_kept_for_json() if json_out else contextlib.nullcontext()):
+    with native_output_to_log("compile") as log, ProgressReporter() as reporter, \
+            (stdout_kept_for_json() if json_out else contextlib.nullcontext()):
         options: dict[str, Any] = {"backends": backend, "tune_trials": tune_trials, "reporter": reporter,
                                    "cache": StageCache(enabled=not no_cache)}
         result = (compile_agent(recipe, output, vecnormalize=vecnormalize, env=env, **options) if agent
@@ -58,6 +67,7 @@ def compile_command(
         stdout.print(stage_table(reporter.rows))
         stdout.print(summary_table(result.manifest))
         stdout.print(f"wrote {result.model_dir} in {result.seconds:.1f} s")
+    native_log_note(log)
     for warning in result.warnings:
         stderr.print(f"[yellow]warning[/] {warning}", markup=True, highlight=False)
     if not result.passed:
