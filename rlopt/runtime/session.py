@@ -50,16 +50,26 @@ def check_feeds(feeds: dict[str, Any], profiles: dict[str, InputProfile]) -> dic
     return checked
 
 
-def check_indices(feeds: dict[str, Any], bounds: list[tuple[str, int, int]]) -> None:
-    """Integer inputs that index a table must lie in its rows (manifest `index_range`); else a ValueError naming
-    the input. Checked on every call: ONNX Runtime would refuse the value, TVM would read out of bounds."""
-    for name, lo, hi in bounds:
+IndexBound = tuple[str, int, np.dtype]  # input, last row, the unsigned dtype of the input's width
+
+
+def index_bounds(inputs: dict[str, InputProfile]) -> list[IndexBound]:
+    """The integer inputs that index a table (manifest `index_range`, always [0, rows - 1])."""
+    return [(name, p.index_range[1], np.dtype(f"u{np.dtype(p.dtype).itemsize}"))
+            for name, p in inputs.items() if p.index_range]
+
+
+def check_indices(feeds: dict[str, Any], bounds: list[IndexBound]) -> None:
+    """Ids must lie in the rows of the table they index; else a ValueError naming the input. Checked on every call
+    (ONNX Runtime would refuse the value, TVM would read out of bounds) with one reduction: viewed as unsigned, a
+    negative id is larger than any row. A feed of another dtype is left to check_feeds."""
+    for name, last, unsigned in bounds:
         value = feeds.get(name) if isinstance(feeds, dict) else None
-        if isinstance(value, np.ndarray) and value.dtype.kind in "iu" and value.size:
-            low, high = value.min(), value.max()
-            if low < lo or high > hi:
-                raise ValueError(f"input '{name}': value {low if low < lo else high} is outside [{lo}, {hi}], the rows "
-                                 f"of the table it indexes; fix: map ids into [{lo}, {hi}] before Session.run")
+        if (type(value) is np.ndarray and value.size and value.dtype.kind in "iu"
+                and value.dtype.itemsize == unsigned.itemsize and value.view(unsigned).max() > last):
+            low, high = int(value.min()), int(value.max())
+            raise ValueError(f"input '{name}': value {low if low < 0 else high} is outside [0, {last}], the rows of "
+                             f"the table it indexes; fix: map ids into [0, {last}] before Session.run")
 
 
 ShapeKey = tuple[tuple[int, ...], ...]
@@ -121,7 +131,7 @@ class Session:
         self.inputs: dict[str, InputProfile] = dict(record.inputs)
         self.outputs: list[str] = list(record.outputs)
         self._names = list(record.inputs)
-        self._index_bounds = [(name, *p.index_range) for name, p in self.inputs.items() if p.index_range]
+        self._index_bounds = index_bounds(self.inputs)
         self._reopen = reopen
         self._reload_lock = threading.Lock()
         self._retired: list[_Generation] = []
