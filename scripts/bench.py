@@ -106,7 +106,8 @@ def refit_section(models: list[Model], work_dir: Path, runs: int) -> tuple[Any, 
     if not any(m.name == "policy-value-heads" for m in models):
         return None, None
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("bench_refit.py")), "--runs", str(runs),
-                           "--latency-rounds", str(REFIT_LATENCY_ROUNDS), "--work-dir", str(work_dir / "refit")],
+                           "--latency-rounds", str(REFIT_LATENCY_ROUNDS), "--latency-runs", str(runs),
+                           "--work-dir", str(work_dir / "refit")],
                           capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-400:]}, f"Refit: the measurement failed: {done.stderr.strip()[-200:]}"
@@ -129,22 +130,27 @@ def refit_latency_markdown(latency: dict[str, Any] | None) -> str:
     if not latency:
         return ""
     lines = ["", "", "### Refitted MODEL_DIR latency against two fresh compiles (default recipe)", "",
-             f"Per shape, {latency['rounds']} interleaved rounds, each candidate in its own process; ratios paired "
-             f"per round. Within = refitted / fresh1 lies between 1 and fresh2 / fresh1 (within 5%: that interval "
+             f"Per shape, {latency.get('runs', 1)} runs of {latency['rounds']} interleaved rounds, each candidate in its "
+             f"own process (fresh processes each run); ratios paired per round, median over rounds, then median over "
+             f"runs. Within = refitted / fresh1 lies between 1 and fresh2 / fresh1 (within 5%: that interval "
              f"widened by the protocol's 5% tolerance). Passed (none outside): {'yes' if latency['passed'] else 'no'}."
              + "".join(f" {name}: {', '.join(record['not_compared'])} not built, not compared."
                        for name, record in latency["networks"].items() if record.get("not_compared")), "",
-             "| network | backend | shape | fresh1 us | refitted / fresh1 | fresh2 / fresh1 | verdict |",
-             "|---|---|---|---|---|---|---|"]
+             "| network | backend | shape | fresh1 us | refitted / fresh1 | per run | fresh2 / fresh1 | per run | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for network, record in latency["networks"].items():
         for shape in record["shapes"]:
             dims = "x".join(str(d) for dims in shape["shape"].values() for d in dims)
             for row in shape["backends"]:
                 if "refit_over_fresh1" not in row:
-                    lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | | | | {row['verdict']} |")
+                    lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | | | | | | "
+                                 f"{row['verdict']} |")
                     continue
+                per_run = {key: " ".join(f"{x:.2f}" for x in row.get(f"{key}_runs", [])) for key in
+                           ("refit_over_fresh1", "fresh2_over_fresh1")}
                 lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | {row['fresh1_us']:.1f} | "
-                             f"{row['refit_over_fresh1']:.3f} | {row['fresh2_over_fresh1']:.3f} | {row['verdict']} |")
+                             f"{row['refit_over_fresh1']:.3f} | {per_run['refit_over_fresh1']} | "
+                             f"{row['fresh2_over_fresh1']:.3f} | {per_run['fresh2_over_fresh1']} | {row['verdict']} |")
     return "\n".join(lines)
 
 

@@ -10,14 +10,16 @@ floating-point entry moved by 1% noise.
 The latency check (`measure_refit_latency`): compile from weights A, refit to B, compile from B twice (each
 `rlopt` command in its own process, with its own empty stage cache); then per network one `rlopt bench` run
 (the bench protocol: every candidate in its own process, interleaved rounds) with the refitted MODEL_DIR's and
-both fresh ones' backends as extra candidates. Per backend and profile shape it reports refitted / fresh1 and
-fresh2 / fresh1 (paired per round, median over rounds) and a verdict: "within" when refitted / fresh1 lies in
+both fresh ones' backends as extra candidates, repeated `--latency-runs` times in fresh processes. Per backend and
+profile shape it reports refitted / fresh1 and fresh2 / fresh1 (paired per round, median over rounds, then median
+over runs, each run's ratio listed) and a verdict: "within" when refitted / fresh1 lies in
 [min(1, spread), max(1, spread)], the spread being fresh2 / fresh1; "within 5%" when it lies in that interval
 widened by the bench protocol's TOLERANCE (1.05, rlopt.tools.bench.protocol); else "outside". The check passes
 when no backend is outside at any shape. Backends not built in all three MODEL_DIRs (TensorRT without a GPU)
 are listed as not compared.
 
-usage: python scripts/bench_refit.py [--runs 3] [--latency-rounds 8] [--latency-only] [--work-dir DIR] [RECIPE]
+usage: python scripts/bench_refit.py [--runs 3] [--latency-rounds 8] [--latency-runs 3] [--latency-only] [--work-dir DIR]
+                                    [RECIPE]
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
 
 
-def measure_refit(recipe: Path | str, work_dir: Path | str, runs: int = 3, latency_rounds: int = 0) -> dict[str, Any]:
+def measure_refit(recipe: Path | str, work_dir: Path | str, runs: int = 3, latency_rounds: int = 0,
+                  latency_runs: int = 3) -> dict[str, Any]:
     """Per run: a cold compile (empty cache) and a refit of it, each `rlopt ... --json` in its own process;
     then in this process, after one warm-up call, `runs` timed `rlopt.refit` and `Session.reload` calls; then,
     with `latency_rounds`, the latency check on the first run's compile and refit."""
@@ -112,7 +115,7 @@ def measure_refit(recipe: Path | str, work_dir: Path | str, runs: int = 3, laten
                 session.reload(work_dir / "warm" if run % 2 == 0 else base)
                 times.append((time.perf_counter() - started) * 1e3)
         reload_ms[network] = round(statistics.median(times), 2)
-    latency = (measure_refit_latency(recipe, work_dir, latency_rounds, refitted=work_dir / "refit-0",
+    latency = (measure_refit_latency(recipe, work_dir, latency_rounds, latency_runs, refitted=work_dir / "refit-0",
                                      checkpoint=checkpoint) if latency_rounds else None)
     return {"recipe": recipe.name, "backends": backends, "runs": runs, "latency": latency,
             "compile_cold_seconds": compile_s, "refit_cli_seconds": refit_s,
@@ -138,29 +141,36 @@ def fresh_recipe(recipe: Path, checkpoint: Path, folder: Path) -> Path:
     return path
 
 
-def latency_verdicts(rounds_us: dict[str, list[float]], backends: list[str]) -> list[dict[str, Any]]:
-    """Per backend at one shape: refitted / fresh1 and fresh2 / fresh1 (paired per round) and whether the first
-    lies within the spread of the two fresh compiles; a backend without all three candidates says which lack."""
+def latency_verdicts(runs_rounds_us: list[dict[str, list[float]]], backends: list[str]) -> list[dict[str, Any]]:
+    """Per backend at one shape, from each run's per-round medians: refitted / fresh1 and fresh2 / fresh1 (paired
+    per round, median over rounds) per run, their medians over runs, and whether the first median lies within
+    the spread of the two fresh compiles; a backend without all three candidates in every run says which lack.
+    Runs are fresh processes: a process that stalls (benchmarks.md, the stall) moves one run's ratio, not the
+    median."""
     from rlopt.tools.bench.protocol import TOLERANCE, paired_ratio
 
     rows = []
     for backend in backends:
         names = {side: f"{side} {backend}" for side in ("refitted", "fresh1", "fresh2")}
-        missing = [name for name in names.values() if not rounds_us.get(name)]
+        missing = sorted({name for rounds_us in runs_rounds_us for name in names.values() if not rounds_us.get(name)})
         if missing:
             rows.append({"backend": backend, "verdict": f"not measured: no timings of {', '.join(missing)}"})
             continue
-        refit = paired_ratio(rounds_us[names["refitted"]], rounds_us[names["fresh1"]])
-        spread = paired_ratio(rounds_us[names["fresh2"]], rounds_us[names["fresh1"]])
+        refits = [paired_ratio(r[names["refitted"]], r[names["fresh1"]]) for r in runs_rounds_us]
+        spreads = [paired_ratio(r[names["fresh2"]], r[names["fresh1"]]) for r in runs_rounds_us]
+        refit, spread = statistics.median(refits), statistics.median(spreads)
         low, high = min(1.0, spread), max(1.0, spread)
         verdict = ("within" if low <= refit <= high else
                    "within 5%" if low / TOLERANCE <= refit <= high * TOLERANCE else "outside")
+        fresh1 = statistics.median(statistics.median(r[names["fresh1"]]) for r in runs_rounds_us)
         rows.append({"backend": backend, "refit_over_fresh1": round(refit, 4), "fresh2_over_fresh1": round(spread, 4),
-                     "fresh1_us": round(statistics.median(rounds_us[names["fresh1"]]), 2), "verdict": verdict})
+                     "refit_over_fresh1_runs": [round(x, 4) for x in refits],
+                     "fresh2_over_fresh1_runs": [round(x, 4) for x in spreads],
+                     "fresh1_us": round(fresh1, 2), "verdict": verdict})
     return rows
 
 
-def measure_refit_latency(recipe: Path | str, work_dir: Path | str, rounds: int = 8, *,
+def measure_refit_latency(recipe: Path | str, work_dir: Path | str, rounds: int = 8, runs: int = 3, *,
                           refitted: Path | None = None, checkpoint: Path | None = None) -> dict[str, Any]:
     """The refitted MODEL_DIR against two fresh compiles from the same weights, per backend and profile shape
     (module docstring). `refitted` (with its `checkpoint`) reuses a refit already made from a cold compile."""
@@ -180,11 +190,12 @@ def measure_refit_latency(recipe: Path | str, work_dir: Path | str, rounds: int 
         sides[f"fresh{index}"] = work_dir / f"fresh-{index}"
         _rlopt("compile", str(recipe_b), "-o", str(sides[f"fresh{index}"]), *flags,
                cache=work_dir / f"cache-fresh-{index}")
-    return compare_latency(sides, backends, rounds)
+    return compare_latency(sides, backends, rounds, runs)
 
 
-def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int) -> dict[str, Any]:
-    """The bench half of the latency check: `sides` names the MODEL_DIRs 'refitted', 'fresh1' and 'fresh2'."""
+def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int, runs: int = 3) -> dict[str, Any]:
+    """The bench half of the latency check: `sides` names the MODEL_DIRs 'refitted', 'fresh1' and 'fresh2'; each
+    network is benched `runs` times, every time in fresh processes."""
     from rlopt.manifest import read_manifest
     from rlopt.tools.bench import CandidateSpec, run_bench
 
@@ -197,16 +208,17 @@ def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int) ->
         extra = [CandidateSpec(f"{side} {backend}", "rlopt", f"rlopt.load({folder.name}, backend='{backend}').run",
                                "rlopt", str(folder), network, backend=backend)
                  for side, folder in sides.items() for backend in built]
-        report = run_bench(sides["refitted"], network, rounds=rounds, protocol=True, torch_compile=False,
-                           extra_candidates=extra)
-        bench = report.networks[0]
+        benches = [run_bench(sides["refitted"], network, rounds=rounds, protocol=True, torch_compile=False,
+                             extra_candidates=extra).networks[0] for _ in range(runs)]
+        bench = benches[0]
         networks[network] = {
             "shapes": [{"point": shape.point, "shape": shape.shape, "rounds": shape.rounds,
-                        "backends": latency_verdicts(shape.round_medians_us, built)} for shape in bench.shapes],
+                        "backends": latency_verdicts([b.shapes[index].round_medians_us for b in benches], built)}
+                       for index, shape in enumerate(bench.shapes)],
             "not_compared": [backend for backend in backends if backend not in built],
             "skipped": [skip.model_dump() for skip in bench.skipped if skip.candidate in {s.name for s in extra}]}
     verdicts = [row["verdict"] for n in networks.values() for shape in n["shapes"] for row in shape["backends"]]
-    return {"backends": backends, "rounds": rounds, "networks": networks,
+    return {"backends": backends, "rounds": rounds, "runs": runs, "networks": networks,
             "passed": bool(verdicts) and all(verdict.startswith("within") for verdict in verdicts),
             "load_average": os.getloadavg()[0]}
 
@@ -216,14 +228,15 @@ def main() -> None:
     parser.add_argument("recipe", nargs="?", type=Path, default=DEFAULT_RECIPE)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-rounds", type=int, default=0, help="rounds of the latency check (0: none)")
+    parser.add_argument("--latency-runs", type=int, default=3, help="runs of the latency check, in fresh processes")
     parser.add_argument("--latency-only", action="store_true", help="only the latency check (default 8 rounds)")
     parser.add_argument("--work-dir", type=Path, default=None)
     args = parser.parse_args()
 
     def measure(folder: Path) -> dict[str, Any]:
         if args.latency_only:
-            return measure_refit_latency(args.recipe, folder, args.latency_rounds or 8)
-        return measure_refit(args.recipe, folder, args.runs, args.latency_rounds)
+            return measure_refit_latency(args.recipe, folder, args.latency_rounds or 8, args.latency_runs)
+        return measure_refit(args.recipe, folder, args.runs, args.latency_rounds, args.latency_runs)
 
     if args.work_dir is not None:
         result = measure(args.work_dir)

@@ -10,8 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from bench_refit import latency_verdicts  # noqa: E402
 
 
-def _rounds(refitted: list[float], fresh1: list[float], fresh2: list[float]) -> dict[str, list[float]]:
-    return {"refitted tvm": refitted, "fresh1 tvm": fresh1, "fresh2 tvm": fresh2}
+def _rounds(refitted: list[float], fresh1: list[float], fresh2: list[float]) -> list[dict[str, list[float]]]:
+    """One run's per-round medians of the three candidates."""
+    return [{"refitted tvm": refitted, "fresh1 tvm": fresh1, "fresh2 tvm": fresh2}]
 
 
 def test_a_refit_between_the_two_fresh_compiles_is_within() -> None:
@@ -31,5 +32,16 @@ def test_a_refit_just_outside_the_spread_is_within_the_protocols_tolerance() -> 
 
 
 def test_a_backend_without_timings_names_the_missing_candidate() -> None:
-    (row,) = latency_verdicts({"refitted tvm": [1.0], "fresh1 tvm": [1.0], "fresh2 tvm": []}, ["tvm"])
+    (row,) = latency_verdicts([{"refitted tvm": [1.0], "fresh1 tvm": [1.0], "fresh2 tvm": []}], ["tvm"])
     assert row == {"backend": "tvm", "verdict": "not measured: no timings of fresh2 tvm"}
+
+
+def test_one_stalled_run_moves_its_ratio_but_not_the_median_over_runs() -> None:
+    """Runs are fresh processes: a refitted process that ran at one-thread speed in one run is one run of three."""
+    runs = [*_rounds([10.0, 10.0], [10.0, 10.0], [10.2, 10.2]), *_rounds([17.0, 17.0], [10.0, 10.0], [10.1, 10.1]),
+            *_rounds([10.1, 10.1], [10.0, 10.0], [10.3, 10.3])]
+    (row,) = latency_verdicts(runs, ["tvm"])
+    assert row["refit_over_fresh1_runs"] == [1.0, 1.7, 1.01] and row["refit_over_fresh1"] == 1.01
+    assert row["fresh2_over_fresh1"] == 1.02 and row["verdict"] == "within"
+    (alone,) = latency_verdicts(runs[1:2], ["tvm"])
+    assert alone["verdict"] == "outside"
