@@ -202,3 +202,16 @@ def test_a_runtime_that_pins_load_threads_is_reported(tiny_compiled: Path, tmp_p
     assert "narrowed the CPU affinity" in result.report.warnings[0]
 
 
+
+
+def test_ids_without_a_recipe_range_are_drawn_from_the_rows_of_their_table() -> None:
+    """The default 0-9 would leave a 3-row table, and Session.run refuses ids outside `index_range`."""
+    from rlopt.manifest import InputProfile, NetworkRecord
+    from rlopt.tools.warmup.driver import _request_inputs
+    from rlopt.tools.warmup.profile import RequestSpec, WarmupProfile
+
+    profile = WarmupProfile(network="net", requests=[RequestSpec(weight=1, shapes={"ids": [256, 8]})])
+    ids = InputProfile(dtype="int64", min=[1, 8], opt=[4, 8], max=[256, 8], index_range=[0, 2])
+    record = NetworkRecord.model_construct(inputs={"ids": ids})
+    (_, (feeds,), _) = _request_inputs(profile, record, seed=0)
+    assert feeds["ids"].dtype == np.int64 and set(np.unique(feeds["ids"])) == {0, 1, 2}

@@ -160,10 +160,15 @@ def _request_inputs(profile: WarmupProfile, record: NetworkRecord, seed: int
     shapes = profile.distinct_shapes()
     weights = np.array([sum(r.weight for r in profile.requests if r.shapes == s) for s in shapes], dtype=np.float64)
     rng = np.random.default_rng(seed)
-    # random_input reads only `.dtype` of the spec it is given
-    inputs = [{name: random_input(rng, record.inputs[name], dims) for name, dims in s.items()}  # type: ignore[arg-type]
-              for s in shapes]
+    # ids that index a table without a recipe `range` are drawn from its rows, as verification drew them
+    inputs = [{name: random_input(rng, record.inputs[name], dims, name=name, default_range=index_range(record, name))
+               for name, dims in s.items()} for s in shapes]
     return shapes, inputs, weights / weights.sum()
+
+
+def index_range(record: NetworkRecord, name: str) -> tuple[int, int] | None:
+    bounds = record.inputs[name].index_range
+    return (bounds[0], bounds[1]) if bounds else None
 
 
 def _live_shapes(workers: list[LoadThread], labels: list[str], first_ms: list[float | None], now_s: float
