@@ -189,7 +189,7 @@ rng = np.random.default_rng(3)
 feeds = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
 np.savez(out, *[runner.infer({"input0": x})[0] for x in feeds], *feeds)
 import tvm.base
-print(json.dumps({"applied": applied, "libraries": sorted(tvm.base._LOADED_LIBS)}))
+print(json.dumps({"applied": applied, "libraries": sorted(tvm.base._LOADED_LIBS), "torch": "torch" in sys.modules}))
 """
 
 
@@ -209,7 +209,7 @@ def test_a_process_that_only_runs_artifacts_refits_tvm_without_the_compiler(buil
                            str(out), json.dumps(shapes)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == {"applied": ["TVM_USE_RUNTIME_LIB=1"], "libraries": ["tvm_runtime"]}
+    assert seen == {"applied": ["TVM_USE_RUNTIME_LIB=1"], "libraries": ["tvm_runtime"], "torch": False}
     rebuilt = _runner(builds["root"] / "b", builds["b"])
     with np.load(out) as arrays:
         for index in range(len(shapes)):
