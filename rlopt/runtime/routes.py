@@ -105,9 +105,10 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
 
     The mixed route puts each point on its fastest backend in the mix, where a backend that runs the same way in
     both configurations (not in `reconfigured`) counts its slower figure of the two: one lucky timing must not win
-    a shape. It is kept only when it is no more than NOISE slower than the best single backend at every point and
-    at least GAIN faster at one; otherwise, and whenever the mix could not be measured, every shape goes to the
-    best single backend.
+    a shape. It is kept only when it is no more than NOISE slower than the best single backend at every named
+    point (OTHER, the shapes without a point of their own, goes to the mix's fastest there: a named shape is one
+    the user declared) and at least GAIN faster at one point; otherwise, and whenever the mix could not be
+    measured, every shape goes to the best single backend.
     """
     singles = _single_candidates(alone, points, order)
     if together is None or not together:
@@ -133,7 +134,7 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     if len(set(mix.values())) == 1 or len(mix) < len(points):
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: fastest at every shape", best)
     ratios = {p: in_mix(mix[p], p) / alone[best][p] for p in points}
-    worst = max(points, key=lambda p: ratios[p])
+    worst = max([p for p in points if p != OTHER] or points, key=lambda p: ratios[p])
     gain = min(points, key=lambda p: ratios[p])
     table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
     if ratios[worst] <= 1 + NOISE and ratios[gain] <= 1 - GAIN:
