@@ -87,13 +87,17 @@ def machine_line() -> str:
             f"Python {facts['python']}; {tools}")
 
 
-def auto_routes(model_dir: Path) -> dict[str, dict[str, str]]:
-    """Per network, the backend `auto` routes each shape label to (manifest facts), {} when not compiled."""
+def auto_facts(model_dir: Path) -> dict[str, dict[str, Any]]:
+    """What compile chose for `auto` (read before the work dir is removed): per network, the backend each shape
+    label routes to (`auto_routes`) and why (`auto_reason`, with the latencies it was chosen from in
+    `auto_choice`); {} when not compiled."""
     from rlopt.manifest import read_manifest
 
     if not (model_dir / "manifest.json").is_file():
-        return {}
-    return {name: dict(record.facts.get("auto_routes", {})) for name, record in read_manifest(model_dir).networks.items()}
+        return {"auto_routes": {}, "auto_choice": {}}
+    networks = read_manifest(model_dir).networks
+    return {"auto_routes": {name: dict(r.facts.get("auto_routes", {})) for name, r in networks.items()},
+            "auto_choice": {name: r.facts.get("auto_choice", {}) for name, r in networks.items()}}
 
 
 REFIT_LATENCY_ROUNDS = 8  # the latency check's interleaved rounds: about a minute of benching
@@ -207,11 +211,12 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
                 else:
                     errors[model.name].append(f"run {run + 1}: {error}")
         refit, refit_markdown = refit_section(models, work_dir, runs)
+        chosen = {m.name: auto_facts(m.model_dir) for m in models}
     finally:
         if args.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
-    model_json = [m.to_json() | {"runs": reports[m.name], "run_errors": errors[m.name],
-                                 "auto_routes": auto_routes(m.model_dir)} for m in models]
+    model_json = [m.to_json() | {"runs": reports[m.name], "run_errors": errors[m.name]} | chosen[m.name]
+                  for m in models]
     rows = collect_rows(model_json)
     results = {
         "kind": "rlopt-bench-protocol", "schema_version": 2,
