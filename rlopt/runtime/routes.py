@@ -105,7 +105,8 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
 
     The mixed route puts each point on its fastest backend in the mix, where a backend that runs the same way in
     both configurations (not in `reconfigured`) counts its slower figure of the two: one lucky timing must not win
-    a shape. It is kept only when it is no more than NOISE slower than the best single backend at every named
+    a shape; where the mix keeps the best single backend and it is not reconfigured, the two are one configuration
+    and compare as 1. It is kept only when it is no more than NOISE slower than the best single backend at every named
     point (OTHER, the shapes without a point of their own, goes to the mix's fastest there: a named shape is one
     the user declared) and at least GAIN faster at one point; otherwise, and whenever the mix could not be
     measured, every shape goes to the best single backend.
@@ -133,7 +134,10 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     best = singles[0]
     if len(set(mix.values())) == 1 or len(mix) < len(points):
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: fastest at every shape", best)
-    ratios = {p: in_mix(mix[p], p) / alone[best][p] for p in points}
+    # where the mix keeps the single backend and runs it as alone, both figures time one configuration: 1 by
+    # construction (compared, their noise alone rejected a mix: 1.09x at a shape the mix did not change)
+    ratios = {p: 1.0 if mix[p] == best and best not in reconfigured else in_mix(mix[p], p) / alone[best][p]
+              for p in points}
     worst = max([p for p in points if p != OTHER] or points, key=lambda p: ratios[p])
     gain = min(points, key=lambda p: ratios[p])
     table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
