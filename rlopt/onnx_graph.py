@@ -101,22 +101,21 @@ def index_ranges(model: Any) -> dict[str, list[int]]:
     """{integer graph input: [0, rows - 1]} for each input whose values index a table the graph holds as weights
     (Gather's indices, through ops that keep the values): what every backend accepts. ONNX Runtime refuses
     other values, PyTorch's embedding refuses negatives, and TVM's take reads out of bounds."""
-    from onnx import TensorProto
+    from onnx import helper
 
-    integer = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8,
-               TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
     scope = GraphScope(model)
     constant_shapes = {node.output[0]: list(node.attribute[0].t.dims) for graph in subgraphs(model.graph)
                        for node in graph.node if node.op_type == "Constant" and node.attribute
                        and node.attribute[0].name == "value"}
-    nodes = [node for graph in subgraphs(model.graph) for node in graph.node]
-    readers: dict[str, list[tuple[Any, int]]] = {}
-    for node in nodes:
-        for index, name in enumerate(node.input):
-            readers.setdefault(name, []).append((node, index))
+    readers: dict[str, list[tuple[Any, int]]] = {}  # every graph's, If branches included: ids may be read there
+    for graph in subgraphs(model.graph):
+        for node in graph.node:
+            for index, name in enumerate(node.input):
+                readers.setdefault(name, []).append((node, index))
     ranges: dict[str, list[int]] = {}
     for graph_input in model.graph.input:
-        if graph_input.type.tensor_type.elem_type not in integer:
+        elem_type = graph_input.type.tensor_type.elem_type
+        if not elem_type or helper.tensor_dtype_to_np_dtype(elem_type).kind not in "iu":
             continue
         rows, seen, frontier = [], set(), [graph_input.name]
         while frontier:

@@ -89,8 +89,8 @@ def machine_line() -> str:
 
 def auto_facts(model_dir: Path) -> dict[str, dict[str, Any]]:
     """What compile chose for `auto` (read before the work dir is removed): per network, the backend each shape
-    label routes to (`auto_routes`) and why (`auto_reason`, with the latencies it was chosen from in
-    `auto_choice`); {} when not compiled."""
+    label routes to (`auto_routes`) and compile's reason with the latencies it chose from (`auto_choice`); both
+    empty when the model did not compile."""
     from rlopt.manifest import read_manifest
 
     if not (model_dir / "manifest.json").is_file():
