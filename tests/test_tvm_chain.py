@@ -157,7 +157,7 @@ def test_the_dynamic_library_is_called_through_the_vm(tiny_compiled: Path) -> No
 
 def test_after_its_first_call_a_signature_runs_as_one_bound_function_per_thread(tiny_compiled: Path) -> None:
     session = rlopt.load(tiny_compiled, "value", backend="tvm")
-    key = (((2, 3, 32), np.dtype(np.float32)),)
+    key = (((2, 3, 32), np.dtype(np.float32), True),)
     x = np.random.default_rng(15).standard_normal((2, 3, 32)).astype(np.float32)
     first = session.run({"input0": x})["value"]
     bound = session._gen.local.bound[key]

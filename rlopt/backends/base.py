@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -11,6 +12,7 @@ import numpy as np
 from rlopt.facts import ArtifactFacts
 
 Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+BoundCall = Callable[[dict[str, np.ndarray], Sequence[np.ndarray]], dict[str, np.ndarray]]
 
 
 class Runner:
@@ -25,13 +27,14 @@ class Runner:
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def infer_ordered(self, arrays: list[np.ndarray], signature: tuple[Any, ...] | None = None) -> list[np.ndarray]:
+    def infer_ordered(self, arrays: Sequence[np.ndarray], signature: tuple[Any, ...] | None = None) -> list[np.ndarray]:
         """Inputs already in the network's order (the Session's hot path)."""
         return self.infer(dict(zip(self.input_names, arrays)))
 
-    def bound_call(self, signature: tuple[Any, ...],
-                   output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
-        """A per-thread call specialised to one (shape, dtype) signature, or None when the backend has none."""
+    def bound_call(self, signature: tuple[Any, ...], output_names: list[str]) -> BoundCall | None:
+        """A per-thread call specialised to one (shape, dtype) signature, or None when the backend has none. It
+        takes the caller's feeds (exactly the network's inputs, contiguous, of this signature) and the same arrays
+        in input order, and returns the named outputs: each backend reads whichever form it consumes."""
         return None
 
     def parity_variants(self) -> dict[str, Infer]:

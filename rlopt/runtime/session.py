@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from operator import attrgetter, itemgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -74,6 +75,7 @@ def check_indices(feeds: dict[str, Any], bounds: list[IndexBound]) -> None:
 
 ShapeKey = tuple[tuple[int, ...], ...]
 FAST_PATH_ENTRIES = 256
+_KEY = attrgetter("shape", "dtype", "flags.c_contiguous")  # one C call per input: the fast path's key
 
 
 class _Generation:
@@ -87,11 +89,11 @@ class _Generation:
     def runner_for(self, shapes: ShapeKey) -> Runner:
         return self.runners[self.routes.get(shapes, self.fallback)]
 
-    def bind(self, key: tuple[Any, ...], outputs: list[str]) -> None:
-        """Once per thread and signature: the runner's call as one function to the named outputs (TVM)."""
+    def bind(self, key: tuple[Any, ...], signature: tuple[Any, ...], outputs: list[str]) -> None:
+        """Once per thread and key: the runner's call for `signature` as one function to the named outputs."""
         if not hasattr(self.local, "bound"):
             self.local.bound = {}
-        self.local.bound[key] = self.runner_for(tuple(shape for shape, _ in key)).bound_call(key, outputs)
+        self.local.bound[key] = self.runner_for(tuple(shape for shape, _ in signature)).bound_call(signature, outputs)
 
     def close(self) -> None:
         for runner in self.runners.values():
@@ -131,6 +133,8 @@ class Session:
         self.inputs: dict[str, InputProfile] = dict(record.inputs)
         self.outputs: list[str] = list(record.outputs)
         self._names = list(record.inputs)
+        self._gather = itemgetter(*self._names)  # feeds -> the arrays in input order, in one C call
+        self._single = len(self._names) == 1  # ... where itemgetter of one name gives the array itself
         self._index_bounds = index_bounds(self.inputs)
         self._reopen = reopen
         self._reload_lock = threading.Lock()
@@ -164,27 +168,31 @@ class Session:
             check_indices(feeds, self._index_bounds)
         bound = getattr(gen.local, "bound", None)
         try:
-            arrays = [feeds[name] for name in self._names]
-            key = tuple([(a.shape, a.dtype) for a in arrays if type(a) is np.ndarray and a.flags.c_contiguous])
+            arrays = self._gather(feeds)
+            if self._single:
+                arrays = (arrays,)
+            key = tuple(map(_KEY, arrays))
             if len(feeds) == len(arrays):
                 direct = bound.get(key) if bound is not None else None
                 if direct is not None:
-                    return direct(arrays)  # type: ignore[no-any-return]
-                call = gen.fast.get(key)
+                    return direct(feeds, arrays)  # type: ignore[no-any-return]
+                entry = gen.fast.get(key)
             else:
-                call = None
-        except (KeyError, TypeError):
-            call = None
-        if call is None:
+                entry = None
+        except (KeyError, TypeError, AttributeError):
+            entry = None
+        if entry is None:
             checked = check_feeds(feeds, self.inputs)
-            arrays = [checked[name] for name in self._names]
-            key = tuple([(a.shape, a.dtype) for a in arrays])
-            call = gen.runner_for(tuple(a.shape for a in arrays)).infer_ordered
+            arrays = tuple([checked[name] for name in self._names])
+            key = tuple(map(_KEY, arrays))
+            entry = (gen.runner_for(tuple(a.shape for a in arrays)).infer_ordered,
+                     tuple([(a.shape, a.dtype) for a in arrays]))
             if all(a is feeds[n] for a, n in zip(arrays, self._names)) and len(gen.fast) < FAST_PATH_ENTRIES:
-                gen.fast[key] = call
-        outputs = dict(zip(self.outputs, call(arrays, key)))
+                gen.fast[key] = entry
+        call, signature = entry
+        outputs = dict(zip(self.outputs, call(arrays, signature)))
         if key in gen.fast and (bound is None or key not in bound):
-            gen.bind(key, self.outputs)
+            gen.bind(key, signature, self.outputs)
         return outputs
 
     def reload(self, other_model_dir: Any) -> None:

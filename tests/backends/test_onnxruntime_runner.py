@@ -25,7 +25,7 @@ def test_the_bound_call_gives_what_infer_gives(tmp_path: Path) -> None:
     x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.0]], dtype=np.float32)
     call = runner.bound_call((((2, 3), np.dtype(np.float32)),), ["action"])
     assert call is not None
-    out = call([x])
+    out = call({"x": x}, (x,))
     assert list(out) == ["action"] and np.array_equal(out["action"], np.maximum(x, 0))
     assert np.array_equal(out["action"], runner.infer({"x": x})[0])
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from rlopt.backends.base import Runner
+from rlopt.backends.base import BoundCall, Runner
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.backends.onnxruntime.session import make_session
 
@@ -26,20 +26,19 @@ class OnnxRuntimeRunner(Runner):
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return list(self._session.run(self._output_names, feeds))
 
-    def bound_call(self, signature: tuple[Any, ...],
-                   output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
-        """The session's C++ `run` straight from the Session's hot path: `InferenceSession.run` re-validates the
-        feed names and wraps provider fallback on every call (~3 us of 12 at batch 1 of a small MLP), which a
-        checked signature does not need; a CPU-only session has no provider to fall back from."""
+    def bound_call(self, signature: tuple[Any, ...], output_names: list[str]) -> BoundCall | None:
+        """The session's C++ `run` on the caller's own feeds, straight from the Session's hot path:
+        `InferenceSession.run` re-validates the feed names and wraps provider fallback on every call (~3 us of 12
+        at batch 1 of a small MLP), which a checked signature does not need; a CPU-only session has no provider to
+        fall back from. Generated straight-line code builds the output dict (`dict(zip(...))` cost 0.3 us more)."""
         native = getattr(self._session, "_sess", None)
-        if not self._cpu_only or native is None:
+        if not self._cpu_only or native is None or len(output_names) != len(self._output_names):
             return None
-        run, fetched, inputs = native.run, self._output_names, self.input_names
-
-        def call(arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
-            return dict(zip(output_names, run(fetched, dict(zip(inputs, arrays)), None)))
-
-        return call
+        namespace: dict[str, Any] = {"run": native.run, "fetched": self._output_names}
+        namespace.update({f"n{k}": name for k, name in enumerate(output_names)})
+        named = ", ".join(f"n{k}: out[{k}]" for k in range(len(output_names)))
+        exec(f"def call(feeds, arrays):\n    out = run(fetched, feeds, None)\n    return {{{named}}}", namespace)
+        return namespace["call"]  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self._session = None

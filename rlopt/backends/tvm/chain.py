@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlopt.backends.base import flatten_outputs
+from rlopt.backends.base import BoundCall, flatten_outputs
 
 ALIGNMENT = 64
 STAGE_BYTES = 64 * 1024
@@ -66,14 +66,14 @@ class KernelChain:
             function(*args)
         return self.outputs
 
-    def bind(self, output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
-        """This chain as one generated function from the inputs (in order) to the named outputs, or None when an
-        input may be read in place. Straight-line code with every argument bound by name: the PPO actor's three
+    def bind(self, output_names: list[str]) -> BoundCall | None:
+        """This chain as one generated function from the inputs (in order; the feeds dict is not read) to the named
+        outputs, or None when an input may be read in place. Straight-line code with every argument bound by name: the PPO actor's three
         kernels at [1,17] cost 1.4 us so against 1.9 us through `__call__`'s loops and tuple unpacking."""
         if self._any_in_place or len(output_names) != len(self.outputs):
             return None
         namespace: dict[str, Any] = {"copyto": np.copyto}
-        lines = ["def call(arrays):"]
+        lines = ["def call(feeds, arrays):"]
         for i, buffer in enumerate(self._buffers):
             namespace[f"b{i}"] = buffer
             lines.append(f"    copyto(b{i}, arrays[{i}])")

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 import numpy as np
 
-from rlopt.backends.base import Runner
+from rlopt.backends.base import BoundCall, Runner, flatten_outputs
 from rlopt.backends.tvm import chain as _chain
 from rlopt.backends.tvm.chain import ALIGNMENT, KernelChain, record_chain
 from rlopt.backends.tvm.facts import ShapeKey, TvmFacts
@@ -29,7 +29,6 @@ from rlopt.backends.tvm.stall import StallGuard, fallback_enabled, one_thread_po
 from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.facts import FileRef
 from rlopt.lazy import require
-from rlopt.backends.base import flatten_outputs
 from rlopt.machine import usable_cores
 from rlopt.manifest import shape_label
 
@@ -270,7 +269,7 @@ class TvmRunner(Runner):
         bucket = state.padded_buckets[target]
         return None if bucket is None else PaddedCall(bucket, shapes, self.padding.cuts(shapes))
 
-    def infer_ordered(self, arrays: list[np.ndarray], signature: tuple[Any, ...] | None = None) -> list[np.ndarray]:
+    def infer_ordered(self, arrays: Sequence[np.ndarray], signature: tuple[Any, ...] | None = None) -> list[np.ndarray]:
         """`infer` with the inputs already in input order; `signature` is their ((shape, dtype), ...) when the
         caller has it (Session's fast path does)."""
         plans = getattr(self._local, "plans", None)
@@ -280,8 +279,7 @@ class TvmRunner(Runner):
                 return plan(arrays)
         return self._first_call(arrays, dispatch=True)
 
-    def bound_call(self, signature: tuple[Any, ...],
-                   output_names: list[str]) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None:
+    def bound_call(self, signature: tuple[Any, ...], output_names: list[str]) -> BoundCall | None:
         """This thread's plan for `signature` as one function to named outputs (a KernelChain's `bind`, timed for
         the stall fallback where the pool is watched), or None."""
         guarded = getattr(self._local, "guards", {}).get(signature)

@@ -62,13 +62,14 @@ class StallGuard:
                 self.on_stall(self)
 
 
-def timed(call: Callable[[Any], Any], guard: StallGuard) -> Callable[[Any], Any]:
-    """`call` with each call's duration reported to `guard`: one perf_counter_ns either side."""
+def timed(call: Callable[..., Any], guard: StallGuard) -> Callable[..., Any]:
+    """`call` (a plan or a bound call) with each call's duration reported to `guard`: one perf_counter_ns either
+    side."""
     observe = guard.observe
 
-    def run(arrays: Any) -> Any:
+    def run(*args: Any) -> Any:
         start = perf_counter_ns()
-        out = call(arrays)
+        out = call(*args)
         observe(perf_counter_ns() - start)
         return out
 
