@@ -120,6 +120,9 @@ class AutoChoiceFacts(Facts):
     mixed: bool = False
     reason: str = ""
     rounds: int = 0
+    other_load_cores: list[float | None] = Field(
+        default_factory=list, description="per measurement, the cores other processes held meanwhile (None: unknown); "
+                                          "the one used last")
     alone_us: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="backend -> shape -> us, every shape on that backend, pools as when alone")
     together_us: dict[str, dict[str, float]] = Field(

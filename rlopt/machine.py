@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def usable_core_ids() -> set[int]:
@@ -35,6 +36,41 @@ def cache_root() -> Path:
 def load_average() -> list[float] | None:
     """1/5/15-minute load averages: a measurement on a busy machine says so."""
     return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds used by every process on the machine plus those the hypervisor stole from it, CPU seconds of this
+    process's threads), both since some fixed point; None where /proc/stat is absent."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+class OtherLoad:
+    """A context that measures how many cores' worth of CPU other processes used, or the hypervisor stole, while
+    it was open: what a timing of this process's thread pools competed with. `cores` stays None where the platform
+    cannot tell; /proc/stat counts in scheduler ticks (10 ms), so a window of a second or more reads to a few %."""
+
+    def __init__(self, read: Callable[[], tuple[float, float] | None] = cpu_seconds,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read, self._clock, self.cores = read, clock, None
+        self._start: tuple[float, tuple[float, float] | None] = (0.0, None)
+
+    def __enter__(self) -> OtherLoad:
+        self._start = (self._clock(), self._read())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        began, start = self._start
+        end, wall = self._read(), self._clock() - began
+        if start is not None and end is not None and wall > 0:
+            self.cores = max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / wall)
 
 
 def gpu_absent_reason() -> str | None:

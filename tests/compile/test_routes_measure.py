@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from rlopt.compile.measure import ORT_ONE_THREAD, interleaved_medians, ort_thread_choice, outclassed
+from rlopt.compile.measure import (CONTENDED, ORT_ONE_THREAD, TRIES, fair_measurement, interleaved_medians,
+                                   ort_thread_choice, outclassed)
+from rlopt.machine import OtherLoad
 
 
 def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
@@ -58,3 +60,42 @@ def test_onnxruntime_gets_one_thread_unless_its_pool_wins_by_more_than_noise() -
     threads, ranked, _, why = ort_thread_choice(pool_wins, None)
     assert threads is None and ranked is pool_wins and "default pool" in why
     assert ort_thread_choice({"onnxruntime": default}, None) == (None, {"onnxruntime": default}, None, "")
+
+
+class _ScriptedLoad:
+    """An OtherLoad whose readings are scripted: each window lasts 1 s and reports the next figure (cores)."""
+
+    def __init__(self, figures: list[float | None]) -> None:
+        self.figures = figures
+
+    def __call__(self) -> OtherLoad:
+        figure = self.figures.pop(0)
+        seconds = iter([(0.0, 0.0), (figure, 0.0)] if figure is not None else [None, None])
+        clock = iter([0.0, 1.0])
+        return OtherLoad(read=lambda: next(seconds), clock=lambda: next(clock))
+
+
+def _tables(tag: float) -> tuple[dict, dict, int]:
+    return {"onnxruntime": {"1x4": tag}}, {"onnxruntime": {"1x4": tag}}, 5
+
+
+def test_a_measurement_taken_beside_other_work_is_taken_again_and_the_quieter_one_kept() -> None:
+    runs = iter([_tables(3384.0), _tables(1000.0)])
+    alone, _, rounds, load = fair_measurement(lambda: next(runs), _ScriptedLoad([0.9, 0.1]))
+    assert alone["onnxruntime"]["1x4"] == 1000.0 and rounds == 5
+    assert load == [0.9, 0.1] and 0.1 < CONTENDED < 0.9
+
+
+def test_a_quiet_or_unknown_machine_is_measured_once_and_load_through_every_try_keeps_the_least() -> None:
+    calls = []
+
+    def measure() -> tuple[dict, dict, int]:
+        calls.append(1)
+        return _tables(float(len(calls)))
+
+    assert fair_measurement(measure, _ScriptedLoad([0.0]))[3] == [0.0] and len(calls) == 1
+    assert fair_measurement(measure, _ScriptedLoad([None]))[3] == [None] and len(calls) == 2
+    calls.clear()
+    alone, _, _, load = fair_measurement(measure, _ScriptedLoad([0.6, 0.4]))
+    assert len(calls) == TRIES == 2 and alone["onnxruntime"]["1x4"] == 2.0, "the second run had less load"
+    assert load == [0.6, 0.4] and CONTENDED < 0.4 < 0.6
