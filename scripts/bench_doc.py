@@ -25,7 +25,9 @@ def collect_rows(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 for shape in net["shapes"]:
                     key = (model["name"], net["network"], shape["point"])
                     row = rows.setdefault(key, {"model": model["name"], "origin": model["origin"],
-                                                "tuned": model["tuned"], "network": net["network"],
+                                                "tuned": model["tuned"],
+                                                "tuning": model.get("tuning", "yes" if model["tuned"] else "no"),
+                                                "network": net["network"],
                                                 "point": shape["point"], "shape": shape["shape"],
                                                 "gflop": shape.get("gflop"), "backend": None, "runs": []})
                     ratios = shape_ratios(shape.get("round_medians_us", {}))
@@ -127,13 +129,13 @@ def table_set(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
               "issue 5 target |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if row.get("auto") is None:
-            lines.append(f"| {row['model']} / {row['network']} | {'yes' if row['tuned'] else 'no'} | "
+            lines.append(f"| {row['model']} / {row['network']} | {row['tuning']} | "
                          f"{row['point']} {dims(row['shape'])} | {row['backend'] or '-'} | - | - | - | - | - | - | "
                          f"- | {_verdict_cell(row)} | - |")
             continue
         s = row["spread"]
         target = target_needs(row["point"], row["ort_best_us"], row.get("gflop"), peak) if row["tuned"] else "-"
-        lines.append(f"| {row['model']} / {row['network']} | {'yes' if row['tuned'] else 'no'} | "
+        lines.append(f"| {row['model']} / {row['network']} | {row['tuning']} | "
                      f"{row['point']} {dims(row['shape'])} | {row['backend'] or '-'} | {fmt_us(row['auto_us'])} | "
                      f"{fmt_us(row['ort_best_us'])} ({row['ort_best']}) | {row['auto']:.2f} | "
                      f"{s['min']:.2f}-{s['max']:.2f} ({s['relative']:.0%}) | {_aa_cell(row)} | "

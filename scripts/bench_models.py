@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -38,9 +39,11 @@ class Model:
     compile_s: float
     compile_exit: int
     compile_error: str | None = None
+    tuning: str = "no"  # what the TVM builds applied: "yes", "borrowed from <cpu>" or "no"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "origin": self.origin, "tuned": self.tuned, "model_dir": str(self.model_dir),
+        return {"name": self.name, "origin": self.origin, "tuned": self.tuned, "tuning": self.tuning,
+                "model_dir": str(self.model_dir),
                 "recipe": str(self.recipe) if self.recipe else None, "compile_s": round(self.compile_s, 2),
                 "compile_exit": self.compile_exit, "compile_error": self.compile_error}
 
@@ -66,7 +69,23 @@ def _compile(name: str, origin: str, tuned: bool, source: Path, out: Path, recip
         error = lines[-1] if lines else f"exit {done.returncode}"
     elif done.returncode == 1:
         error = "exit 1: a backend failed verification (benched without it; see its manifest.json)"
-    return Model(name, origin, tuned, out, recipe, time.perf_counter() - started, done.returncode, error)
+    tuning = tuning_applied(out) if tuned else "no"
+    return Model(name, origin, tuning != "no", out, recipe, time.perf_counter() - started, done.returncode, error,
+                 tuning)
+
+
+def tuning_applied(model_dir: Path) -> str:
+    """The tuning database the MODEL_DIR's TVM builds applied (`facts.database`): "yes" when tuned for this CPU or one
+    with its vector features, "borrowed from <cpu>" when another CPU's schedules were borrowed, else "no"."""
+    try:
+        networks = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))["networks"]
+    except (OSError, ValueError, KeyError):
+        return "no"
+    applied = [(net["artifacts"].get("tvm") or {}).get("facts", {}).get("database") or {} for net in networks.values()]
+    if not applied or not all(db.get("found") for db in applied):
+        return "no"
+    borrowed = sorted({db["dir"].rsplit("/", 1)[-1].removeprefix("llvm-") for db in applied if db.get("borrowed")})
+    return f"borrowed from {', '.join(borrowed)}" if borrowed else "yes"
 
 
 def prepare(name: str, work_dir: Path) -> Model:

@@ -1,4 +1,5 @@
-"""Which tuning database a TVM build applies: the CPU's own, else one tuned on a CPU with the same vector features."""
+"""Which tuning database a TVM build applies: the CPU's own, else one tuned on a CPU with the same vector features,
+else another CPU's, borrowed."""
 
 from __future__ import annotations
 
@@ -52,14 +53,32 @@ def test_the_exact_cpu_name_wins_over_a_compatible_one(tmp_path: Path, monkeypat
     assert choice.found and choice.directory.name == "llvm-b" and choice.reason == "tuned for llvm-b"
 
 
-def test_a_cpu_without_the_databases_vector_features_falls_back_with_the_reason(
+def test_a_cpu_without_the_databases_vector_features_borrows_them_and_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(database, "schedule_features",
                         _features({"zen5": AVX512, "haswell": frozenset({"avx", "avx2", "fma"})}))
     recipe = _tuning(tmp_path, "zen5")
     choice = choose_database(recipe, {"kind": "llvm", "mcpu": "haswell"})
-    assert not choice.found and choice.directory.name == "llvm-haswell"
-    assert "not applied: zen5 has avx512bw, avx512dq, avx512f, avx512vl where haswell differs" in choice.reason
+    assert choice.found and choice.borrowed and choice.directory.name == "llvm-zen5"
+    assert choice.reason == ("no database for llvm-haswell; borrowed the schedules tuned on zen5 (zen5 has avx512bw, "
+                             "avx512dq, avx512f, avx512vl where haswell differs): run 'rlopt tune' on this CPU for "
+                             "its own")
+
+
+def test_the_borrowed_database_is_the_one_sharing_most_vector_features(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    avx2 = frozenset({"avx", "avx2", "fma"})
+    monkeypatch.setattr(database, "schedule_features", _features(
+        {"a-neon": frozenset({"neon"}), "b-zen5": AVX512, "c-haswell": avx2, "zen2": avx2 | {"avx512f"}}))
+    choice = choose_database(_tuning(tmp_path, "a-neon", "b-zen5", "c-haswell"), {"kind": "llvm", "mcpu": "zen2"})
+    assert choice.borrowed and choice.directory.name == "llvm-b-zen5"  # shares 4 of zen2's features; haswell 3
+
+
+def test_an_exact_or_same_feature_database_is_not_borrowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(database, "schedule_features", _features({"a": AVX512, "b": AVX512}))
+    recipe = _tuning(tmp_path, "a")
+    assert not choose_database(recipe, {"kind": "llvm", "mcpu": "b"}).borrowed
+    assert not choose_database(recipe, {"kind": "llvm", "mcpu": "a"}).borrowed
 
 
 def test_no_database_at_all_says_so(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""scripts/bench.py's helpers: issue 5's targets as shares of the roofs (bench_doc) and the roofline probe (bench_limits)."""
+"""scripts/bench.py's helpers: issue 5's targets as shares of the roofs (bench_doc), the roofline probe (bench_limits), the
+tuning column (bench_models)."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ def _bench_script(name: str = "bench_limits") -> Any:
     spec = importlib.util.spec_from_file_location(f"rlopt_{name}", Path(__file__).parents[2] / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -43,3 +46,24 @@ def test_roofline_without_a_compiler_says_why(tmp_path: Path, monkeypatch: pytes
     roofline = script.Roofline(tmp_path)
     assert roofline.binary is None and "no C compiler" in roofline.reason
     assert roofline.peak_gflops(2) is None and roofline.read_us(1024) is None
+
+
+def _manifest_with(folder: Path, databases: list[dict[str, Any] | None]) -> Path:
+    import json
+
+    networks = {f"n{i}": {"artifacts": {"tvm": {"facts": {"database": db}}}} for i, db in enumerate(databases)}
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"networks": networks}))
+    return folder
+
+
+def test_the_tuning_column_reads_what_the_tvm_builds_applied(tmp_path: Path) -> None:
+    tuning_applied = _bench_script("bench_models").tuning_applied
+    own = {"dir": "r.tuning/llvm-znver5", "found": True, "borrowed": False}
+    borrowed = {"dir": "r.tuning/llvm-znver5", "found": True, "borrowed": True}
+    missing = {"dir": "r.tuning/llvm-znver2", "found": False, "borrowed": False}
+    assert tuning_applied(_manifest_with(tmp_path / "a", [own, own])) == "yes"
+    assert tuning_applied(_manifest_with(tmp_path / "b", [borrowed, borrowed])) == "borrowed from znver5"
+    assert tuning_applied(_manifest_with(tmp_path / "c", [own, missing])) == "no"
+    assert tuning_applied(_manifest_with(tmp_path / "d", [None])) == "no"
+    assert tuning_applied(tmp_path / "absent") == "no"

@@ -285,11 +285,11 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         "tuned": any(b["tuned_kernels"] for b in builds), "shape_builds": builds,
         "database": {"dir": f"{db_dir.parent.name}/{db_dir.name}",
                      "target_key": target_key(target_dict), "found": database is not None,
-                     "reason": choice.reason},
+                     "borrowed": choice.borrowed, "reason": choice.reason},
         "num_threads": threads, "thread_latency_us": thread_table,
         "tuning_summary": (f"tuned {len(builds) - len(missing)}/{len(builds)} shapes"
-                           + (f" with the {db_dir.name} database ({choice.reason})"
-                              if choice.found and db_dir.name != target_key(target_dict) else "")
+                           + (f" with the {db_dir.name} database{' (borrowed)' if choice.borrowed else ''} "
+                              f"({choice.reason})" if choice.found and db_dir.name != target_key(target_dict) else "")
                            + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
                               else "")),
     })

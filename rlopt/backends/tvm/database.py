@@ -2,8 +2,8 @@
 
 Targets and their keys, the database folder, its meta.json, pruning to each kernel's best record,
 applying it to a module, and the Workload (one network at one static shape) that is tuned and built.
-MetaSchedule records carry no usable target check, so the folder is keyed by target kind and mcpu:
-a database tuned for one CPU is never applied to another.
+MetaSchedule records carry no usable target check, so the folder is keyed by target kind and mcpu; another CPU's
+database applies when its vector features match, and is borrowed (said so) when none does.
 """
 
 from __future__ import annotations
@@ -77,16 +77,22 @@ def schedule_features(mcpu: str) -> frozenset[str]:
 
 @dataclass
 class DatabaseChoice:
-    """The database folder a build applies, and why (for the manifest): exact CPU name, same features, or none."""
+    """The database folder a build applies, and why (for the manifest): exact CPU name, same features, borrowed
+    from a CPU with other vector features, or none."""
 
     directory: Path
     found: bool
     reason: str
+    borrowed: bool = False
 
 
 def choose_database(recipe_path: Path, target: dict[str, Any]) -> DatabaseChoice:
     """`<recipe>.tuning/<kind-mcpu>/` when it exists; else, for an llvm target, a database tuned on a CPU with the
-    same schedule features (its records are looked up by workload; the code is still generated for this target)."""
+    same schedule features (its records are looked up by workload; the code is still generated for this target);
+    else one tuned on the CPU that shares most of them, borrowed: fp32 schedules hold no vector instruction (LLVM
+    splits a 16-lane loop into two 8-lane ones), so they run anywhere, and beat no schedule at all by far (the
+    default policy at 1x1x768 on znver2: 21 us with znver5's schedules, 465 us without; the gate checks them and
+    `auto` times them like any build)."""
     exact = database_dir(recipe_path, target)
     if exact.is_dir():
         return DatabaseChoice(exact, True, f"tuned for {target_key(target)}")
@@ -96,16 +102,18 @@ def choose_database(recipe_path: Path, target: dict[str, Any]) -> DatabaseChoice
     if not candidates:
         return DatabaseChoice(exact, False, f"no database for {target_key(target)}")
     wanted = schedule_features(str(mcpu))
-    differences = []
+    others: list[tuple[int, str, Path, frozenset[str]]] = []
     for folder in candidates:
         tuned_for = str(read_meta(folder).get("target", {}).get("mcpu") or folder.name.removeprefix("llvm-"))
         have = schedule_features(tuned_for)
         if have == wanted:
             return DatabaseChoice(folder, True, f"tuned on {tuned_for}, which has the same vector features as "
                                                 f"{mcpu} ({', '.join(sorted(have))})")
-        differences.append(f"{tuned_for} has {', '.join(sorted(have ^ wanted))} where {mcpu} differs")
-    return DatabaseChoice(exact, False, f"no database for {target_key(target)}; not applied: "
-                                        + "; ".join(differences))
+        others.append((-len(have & wanted), tuned_for, folder, have))
+    _, tuned_for, folder, have = min(others, key=lambda other: other[:2])
+    return DatabaseChoice(folder, True, f"no database for {target_key(target)}; borrowed the schedules tuned on "
+                                        f"{tuned_for} ({tuned_for} has {', '.join(sorted(have ^ wanted))} where "
+                                        f"{mcpu} differs): run 'rlopt tune' on this CPU for its own", borrowed=True)
 
 
 def tuning_root(recipe_path: Path) -> Path:
