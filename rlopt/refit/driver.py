@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,6 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
     from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
     from rlopt.locking import exclusive_lock
     from rlopt.refit.checkpoint import rebuild_command
-    from rlopt.refit.network import refit_network
 
     started = time.perf_counter()
     model_dir, checkpoint = Path(model_dir), Path(checkpoint)
@@ -112,12 +112,7 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
         staging = staging_dir(out_dir)
         try:
             stage_copy(model_dir, staging, manifest)
-            networks: dict[str, NetworkRecord] = {}
-            failures: list[str] = []
-            with one_torch_thread():
-                for name, record in manifest.networks.items():
-                    networks[name] = refit_network(staging, recipe, name, record, model, checkpoint, failures,
-                                                   model_dir)
+            networks, failures = _refit_networks(staging, recipe, manifest, model, checkpoint, model_dir)
             refitted = manifest.model_copy(update={
                 "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "networks": networks,
                 "refit_of": manifest.content_sha256}).seal()
@@ -130,6 +125,37 @@ def refit_model_dir(model_dir: Path | str, checkpoint: Path | str, out: Path | s
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return RefitResult(out_dir, refitted, failures, time.perf_counter() - started)
+
+
+def _refit_networks(staging: Path, recipe: Recipe, manifest: Manifest, model: Any, checkpoint: Path,
+                    model_dir: Path) -> tuple[dict[str, NetworkRecord], list[str]]:
+    """Every network refitted; records and failures in the manifest's order, the first error raised wins. The work
+    on one torch thread (references re-recorded, torch backends gated: 0.25 of 0.58 s for the default recipe) runs
+    one network per core; the backends with pools of several threads then run one network at a time (two networks
+    side by side made their pools fight: 0.69 s)."""
+    from rlopt.machine import usable_cores
+    from rlopt.refit.network import NetworkRefit, on_one_thread
+
+    refits = [NetworkRefit(staging, recipe, name, record, model, checkpoint, model_dir)
+              for name, record in manifest.networks.items()]
+
+    def torch_side(refit: NetworkRefit) -> None:
+        refit.start()
+        refit.refit_backends(on_one_thread)
+
+    try:
+        with one_torch_thread():
+            with ThreadPoolExecutor(max(1, min(len(refits), usable_cores())), thread_name_prefix="rlopt-refit") \
+                    as pool:
+                for job in [pool.submit(torch_side, refit) for refit in refits]:
+                    job.result()
+            for refit in refits:
+                refit.refit_backends(lambda backend: not on_one_thread(backend))
+            networks = {refit.name: refit.finish() for refit in refits}
+    finally:
+        for refit in refits:
+            refit.close()
+    return networks, [failure for refit in refits for failure in refit.failures]
 
 
 def _new_model(manifest: Manifest, recipe: Recipe, model_dir: Path, checkpoint: Path,

@@ -103,71 +103,98 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     return new, result.failure(subject)
 
 
-def refit_network(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, model: Any, checkpoint: Path,
-                  failures: list[str], source: Path) -> NetworkRecord:
-    """Rewrite network `name` in `staging` (a copy of MODEL_DIR `source` without the files refit writes anew:
-    see `rewritten_anew`) with `model`'s weights; gate and drift failures go to `failures`."""
-    from rlopt.refit.checkpoint import check_state
-    from rlopt.refit.drift import reference_drift
-    from rlopt.reference import rerecord_reference
-    from rlopt.stages.load_model import submodule
+def on_one_thread(backend: str) -> bool:
+    """Whether `backend` computes with torch: its gate runs on the one torch thread refit sets, so two networks'
+    can run side by side; the others' pools of several threads run one network at a time."""
+    from rlopt.backends import BACKENDS
 
-    torch = require("torch")
-    spec, verify, folder = recipe.networks[name], recipe.verify, staging / name
-    recipe_path = staging / "recipe.yaml"
-    module = submodule(model, spec.module, recipe_path, name)
-    compiled = torch.jit.load(str(folder / "model.ts"), map_location="cpu")
-    check_state(compiled.state_dict(), module.state_dict(), checkpoint, f"network '{name}'")
-    inputs, outputs = list(spec.inputs), list(spec.outputs)
-    old_reference = Reference.load(source / old.reference.path, inputs, outputs)
-    with torch.no_grad():
-        reference = rerecord_reference(module, spec, old_reference, recipe_path=recipe_path, network=name)
-    with ThreadPoolExecutor(1, thread_name_prefix="rlopt-reference") as writer:
-        # np.savez's CRC, the file write and sha256 release the GIL: 32 MB for the default recipe, written on
-        # the other core while the hooks and gates run (they use the in-memory reference)
-        saved = writer.submit(_save_reference, reference, folder / "reference.npz", staging)
-        new = _refit_artifacts(staging, recipe, name, old, module, reference, failures)
-        new.reference = saved.result()
-    if spec.kind == "policy":
-        new.drift = reference_drift(old_reference, reference, spec.distribution)
-        limit = verify.max_drift_kl
-        if limit is not None and new.drift.kl_mean > limit:
-            failures.append(f"{name}: policy drift KL(old || new) {new.drift.kl_mean:.3g} > verify.max_drift_kl "
-                            f"{limit:g}")
-    return new
+    return BACKENDS[backend].module == "torch"
+
+
+class NetworkRefit:
+    """Network `name` rewritten in `staging` (a copy of MODEL_DIR `source` without the files refit writes anew:
+    see `rewritten_anew`) with `model`'s weights, in steps the driver can schedule: `start` (reference re-recorded,
+    ONNX graph and padded copy rewritten), `refit_backends` (hooks and gates of the artifacts it picks), `finish`
+    (the record, the drift). Gate and drift failures go to `failures`; `close` always."""
+
+    def __init__(self, staging: Path, recipe: Recipe, name: str, old: NetworkRecord, model: Any, checkpoint: Path,
+                 source: Path) -> None:
+        self.staging, self.recipe, self.name, self.old = staging, recipe, name, old
+        self.model, self.checkpoint, self.source = model, checkpoint, source
+        self.folder = staging / name
+        self.failures: list[str] = []
+        self.artifacts: dict[str, BackendRecord] = {}
+        self.hashes = Hashes(staging)
+        # np.savez's CRC, the file write and sha256 release the GIL: 32 MB for the default recipe, written on the
+        # other core while the hooks and gates run (they use the in-memory reference)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="rlopt-reference")
+
+    def start(self) -> None:
+        from rlopt.refit.checkpoint import check_state
+        from rlopt.refit.weight_map import apply_weight_map
+        from rlopt.reference import rerecord_reference
+        from rlopt.stages.load_model import submodule
+
+        torch = require("torch")
+        spec, name = self.recipe.networks[self.name], self.name
+        recipe_path = self.staging / "recipe.yaml"
+        self.module = submodule(self.model, spec.module, recipe_path, name)
+        compiled = torch.jit.load(str(self.folder / "model.ts"), map_location="cpu")
+        check_state(compiled.state_dict(), self.module.state_dict(), self.checkpoint, f"network '{name}'")
+        self.old_reference = Reference.load(self.source / self.old.reference.path, list(spec.inputs),
+                                            list(spec.outputs))
+        with torch.no_grad():
+            self.reference = rerecord_reference(self.module, spec, self.old_reference, recipe_path=recipe_path,
+                                                network=name)
+        self._saved = self._writer.submit(_save_reference, self.reference, self.folder / "reference.npz",
+                                          self.staging)
+        self.state = _state(self.module)
+        apply_weight_map(self.folder / "model.onnx", self.old.facts["onnx"]["weight_map"], self.state)
+        self.padded = repad(self.folder, self.old.facts, self.recipe) if "model.padded.onnx" in self.old.files \
+            else None
+
+    def refit_backends(self, picked: Any) -> None:
+        """Hook and gate each artifact whose backend `picked(backend)` is true (an unbuilt one is carried over)."""
+        spec = self.recipe.networks[self.name]
+        for backend, record in self.old.artifacts.items():
+            if not picked(backend):
+                continue
+            if not record.built:
+                self.artifacts[backend] = record
+                continue
+            facts = _hook_facts(backend, self.name, self.folder, record, self.folder / "model.onnx", self.padded,
+                                self.state)
+            self.artifacts[backend], failure = gate(self.staging, backend, record, facts, self.reference,
+                                                    self.recipe, spec, f"{self.name}/{backend}", self.hashes)
+            if failure:
+                self.failures.append(failure)
+
+    def finish(self) -> NetworkRecord:
+        from rlopt.refit.drift import reference_drift
+        from rlopt.stages.script import weights_sha256
+
+        old, spec = self.old, self.recipe.networks[self.name]
+        copies = _refresh_copies(self.staging, old)
+        new = old.model_copy(deep=True, update={"artifacts": {b: self.artifacts[b] for b in old.artifacts}})
+        new.files = {key: _file_entry(self.hashes, self.staging, record.path, copies.get(record.path))
+                     for key, record in old.files.items()}
+        new.facts["script"] = {**old.facts.get("script", {}), "weights_sha256": weights_sha256(self.module)}
+        new.reference = self._saved.result()
+        if spec.kind == "policy":
+            new.drift = reference_drift(self.old_reference, self.reference, spec.distribution)
+            limit = self.recipe.verify.max_drift_kl
+            if limit is not None and new.drift.kl_mean > limit:
+                self.failures.append(f"{self.name}: policy drift KL(old || new) {new.drift.kl_mean:.3g} > "
+                                     f"verify.max_drift_kl {limit:g}")
+        return new
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
 
 
 def _save_reference(reference: Reference, path: Path, staging: Path) -> FileRecord:
     reference.save(path)
     return file_record(staging, path)
-
-
-def _refit_artifacts(staging: Path, recipe: Recipe, name: str, old: NetworkRecord, module: Any, reference: Reference,
-                     failures: list[str]) -> NetworkRecord:
-    """The ONNX graph, its padded copy and every built artifact rewritten, each artifact gated; the file records."""
-    from rlopt.refit.weight_map import apply_weight_map
-    from rlopt.stages.script import weights_sha256
-
-    spec, folder, state = recipe.networks[name], staging / name, _state(module)
-    apply_weight_map(folder / "model.onnx", old.facts["onnx"]["weight_map"], state)
-    padded = repad(folder, old.facts, recipe) if "model.padded.onnx" in old.files else None
-    artifacts: dict[str, BackendRecord] = {}
-    hashes = Hashes(staging)
-    for backend, record in old.artifacts.items():
-        if not record.built:
-            artifacts[backend] = record
-            continue
-        facts = _hook_facts(backend, name, folder, record, folder / "model.onnx", padded, state)
-        artifacts[backend], failure = gate(staging, backend, record, facts, reference, recipe, spec,
-                                           f"{name}/{backend}", hashes)
-        if failure:
-            failures.append(failure)
-    copies = _refresh_copies(staging, old)
-    new = old.model_copy(deep=True, update={"artifacts": artifacts})
-    new.files = {key: _file_entry(hashes, staging, record.path, copies.get(record.path))
-                 for key, record in old.files.items()}
-    new.facts["script"] = {**old.facts.get("script", {}), "weights_sha256": weights_sha256(module)}
-    return new
 
 
 def copies_of(old: NetworkRecord) -> dict[str, str]:
@@ -195,4 +222,4 @@ def _file_entry(hashes: Hashes, staging: Path, path: str, source: str | None) ->
     return record.model_copy(update={"path": path})
 
 
-__all__ = ["Hashes", "copies_of", "gate", "refit_network", "repad"]
+__all__ = ["Hashes", "NetworkRefit", "copies_of", "gate", "on_one_thread", "repad"]
