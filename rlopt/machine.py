@@ -40,7 +40,8 @@ def load_average() -> list[float] | None:
 
 def cpu_seconds() -> tuple[float, float] | None:
     """(CPU seconds used by every process on the machine plus those the hypervisor stole from it, CPU seconds of this
-    process's threads), both since some fixed point; None where /proc/stat is absent."""
+    process's threads and of its children it waited for), both since some fixed point; None where /proc/stat is
+    absent. A child that times a candidate for this process is this process's work, not another's."""
     try:
         with open("/proc/stat") as stat:
             fields = stat.readline().split()
@@ -49,7 +50,9 @@ def cpu_seconds() -> tuple[float, float] | None:
     if len(fields) < 9 or fields[0] != "cpu":
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), time.process_time()
+    own = os.times()
+    return ((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"),
+            time.process_time() + own.children_user + own.children_system)
 
 
 class OtherLoad:

@@ -13,6 +13,7 @@ from rlopt.compile.cache import StageCache
 from rlopt.compile.engine import Engine, Reporter, Silent, tool_versions
 from rlopt.compile.frontend import ModelSource, model_source
 from rlopt.compile.network import compile_network
+from rlopt.compile.rounds import kept_worker
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
 from rlopt.compile.sources import stored_recipe
 from rlopt.compile.stage import Context
@@ -53,7 +54,6 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
     `cache` defaults to the stage cache under $RLOPT_CACHE; pass StageCache(enabled=False) to bypass it.
     `source` makes the model (default: the one the recipe's `model` section names).
     """
-    from rlopt.stages.load_model import submodule
 
     started = time.perf_counter()
     cache = cache if cache is not None else StageCache()
@@ -73,22 +73,8 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             (staging / "recipe.yaml").write_text(stored.resolved_yaml(), encoding="utf-8")
             source = source or model_source(recipe, recipe_path)
             model, _ = source.load()
-            networks: dict[str, NetworkRecord] = {}
-            failures: list[str] = []
-            for name, spec in recipe.networks.items():
-                ctx = Context(recipe, recipe_path, name, spec, staging,
-                              module=submodule(model, spec.module, recipe_path, name))
-                if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
-                    from rlopt.compile.sources import rollout_feeds
-
-                    ctx.artifacts["rollout_feeds"] = rollout_feeds(source, recipe, ctx.module, list(spec.inputs),
-                                                                   list(spec.outputs))
-                networks[name] = compile_network(engine, ctx)
-                failures.extend(ctx.failures)
-                if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
-                    from rlopt.compile.sources import rollout_failures
-
-                    failures.extend(rollout_failures(source, recipe, staging, networks[name]))
+            with kept_worker(start="onnxruntime" in recipe.backends and len(recipe.backends) > 1):
+                networks, failures = _compile_networks(engine, recipe, recipe_path, staging, source, model)
             manifest = Manifest(
                 schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), versions=tool_versions(),
@@ -101,6 +87,29 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return CompileResult(out_dir, manifest, failures, time.perf_counter() - started, list(cache.warnings))
+
+
+def _compile_networks(engine: Engine, recipe: Recipe, recipe_path: Path, staging: Path, source: ModelSource,
+                      model: Any) -> tuple[dict[str, NetworkRecord], list[str]]:
+    """Every network's stage lists, in the recipe's order; with a rollout, the actor is checked on it too."""
+    from rlopt.stages.load_model import submodule
+
+    networks: dict[str, NetworkRecord] = {}
+    failures: list[str] = []
+    for name, spec in recipe.networks.items():
+        ctx = Context(recipe, recipe_path, name, spec, staging, module=submodule(model, spec.module, recipe_path, name))
+        if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
+            from rlopt.compile.sources import rollout_feeds
+
+            ctx.artifacts["rollout_feeds"] = rollout_feeds(source, recipe, ctx.module, list(spec.inputs),
+                                                           list(spec.outputs))
+        networks[name] = compile_network(engine, ctx)
+        failures.extend(ctx.failures)
+        if name == "actor" and recipe.verify.rollout is not None and hasattr(source, "agent"):
+            from rlopt.compile.sources import rollout_failures
+
+            failures.extend(rollout_failures(source, recipe, staging, networks[name]))
+    return networks, failures
 
 
 def compile_agent(zip_path: Path | str, out_dir: Path | str | None = None, *, vecnormalize: Path | str | None = None,

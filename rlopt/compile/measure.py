@@ -7,7 +7,6 @@ state is checked over every recorded step with the backend's own state fed back 
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,8 @@ from rlopt.machine import OtherLoad, usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
-from rlopt.runtime import Session, ranked_backends, unbucketed_p50, unbucketed_variant
+from rlopt.compile.rounds import ROUNDS, Cells, Subjects, fresh_process_medians, interleaved_medians, session_calls
+from rlopt.runtime import ranked_backends, unbucketed_p50
 from rlopt.runtime.routes import NOISE, OTHER, Table, choose_route
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
@@ -128,14 +128,11 @@ def backend_record(ctx: Context, out: StageOutput, artifact: Any) -> tuple[Backe
     return record, out.facts["failure"]
 
 
-ROUNDS = 5
-CELL_BUDGET_S = 0.005  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
-SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
-BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
 ORT_ONE_THREAD = "onnxruntime 1 thread"  # ONNX Runtime with one intra-op thread: no pool to spin or to wake
 OUTCLASSED = 2.0  # a candidate this many times slower than another at every named shape is not timed
 CONTENDED = 0.25  # cores' worth of other processes' CPU (or hypervisor steal) that makes a measurement unfair
 TRIES = 2  # measurements at most: a burst of other work gets one more; load through both is the machine's state
+PROBE_S = 0.1  # how long the load is looked at again before a retry
 Call = Callable[[], object]
 
 
@@ -154,100 +151,46 @@ def has_other_shapes(record: NetworkRecord, named: int) -> bool:
     return count > named
 
 
-def _calls(runner: Runner, name: str, record: NetworkRecord, reference: Reference,
-           labels: dict[str, str]) -> dict[str, Call]:
-    """A call per shape label through a Session (the runtime's own path, bound calls included); OTHER is the path
-    that serves shapes without their own build, at opt."""
-    session = Session({name: runner}, {}, name, name, record)
-    calls: dict[str, Call] = {label: (lambda f=reference.feeds(p, 0): session.run(f)) for label, p in labels.items()
-                              if label != OTHER}
-    if OTHER in labels:
-        feeds = reference.feeds(labels[OTHER], 0)
-        variant = unbucketed_variant(record.artifacts[name].facts)
-        infer = {**runner.parity_variants(), **runner.gated_variants()}.get(variant) if variant else None
-        calls[OTHER] = (lambda: infer(feeds)) if infer is not None else (lambda: session.run(feeds))
-    return calls
-
-
-def _block_median(call: Call, count: int) -> float:
-    """Median of `count` timed calls; a block of several starts with an untimed call (a single call longer than
-    a whole block's budget is not worth doubling)."""
-    if count > 1:
-        call()
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter_ns()
-        call()
-        samples.append(time.perf_counter_ns() - start)
-    return float(np.median(samples)) / 1e3
-
-
-def interleaved_medians(configurations: dict[str, dict[tuple[str, str], Call]], rounds: int = ROUNDS,
-                        seed: int = 0, estimates_us: Table | None = None,
-                        budget_s: float = BUDGET_S) -> tuple[dict[str, dict[tuple[str, str], float]], int]:
-    """Per configuration and (backend, shape) cell: the median over rounds of each round's block median, and
-    the rounds done (at least one; no round starts once `budget_s` is spent).
-
-    Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
-    mixed configuration, calls switch backends as a mixed session's do). `estimates_us[backend][shape]` sizes the
-    blocks (default: one timed call per cell)."""
-    rng = random.Random(seed)
-    counts: dict[tuple[str, tuple[str, str]], int] = {}
-    for config, cells in configurations.items():
-        for cell, call in cells.items():
-            call()
-            call()  # a Session binds its per-thread call on the second call of a signature
-            known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
-            estimate = float(known) if known else _block_median(call, 1)
-            counts[config, cell] = int(min(50, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
-    medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
-                                                             for c, cells in configurations.items()}
-    deadline, done = time.monotonic() + budget_s, 0
-    while done < rounds and (done == 0 or time.monotonic() < deadline):
-        for config in rng.sample(list(configurations), len(configurations)):
-            cells = configurations[config]
-            for cell in rng.sample(list(cells), len(cells)):
-                medians[config][cell].append(_block_median(cells[cell], counts[config, cell]))
-            time.sleep(SETTLE_S)
-        done += 1
-    return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in medians.items()}, done
-
-
 def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
                            estimates_us: Table | None = None,
                            one_thread_ort: bool = False) -> tuple[Table, Table, int]:
     """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
-    process, ONNX Runtime not spinning, cells interleaved): median us per shape label; and the rounds done. With
-    `one_thread_ort`, ONNX Runtime with one intra-op thread is timed too, as ORT_ONE_THREAD."""
-    opened: list[Runner] = []
-    subjects = {b: b for b in candidates}
+    process, ONNX Runtime not spinning, cells interleaved): median us per shape label; and the rounds done (the
+    fewer of the two measurements). With `one_thread_ort`, ONNX Runtime with one intra-op thread is timed too, as
+    ORT_ONE_THREAD.
+
+    ONNX Runtime alone is timed in a fresh process that opens nothing else, as a session routed to it alone runs
+    it: a spinning pool timed in this process shared the cores with the idle pools of the other candidates and of
+    the other sessions (the default policy at 8x16x768 on znver2: the pool at 1173 us in compile against 486-696
+    us in processes of its own, which sent `auto` to one thread at 1.2-1.4x ONNX Runtime's best)."""
+    subjects: Subjects = {b: (b, dict(record.artifacts[b].facts)) for b in candidates}
     if one_thread_ort and "onnxruntime" in candidates:
-        subjects[ORT_ONE_THREAD] = "onnxruntime"
-    threads = {ORT_ONE_THREAD: {"intra_op_threads": 1}}
-
-    def open_one(key: str, **update: Any) -> Runner:
-        artifact = record.artifacts[subjects[key]]
-        assert artifact.path is not None
-        opened.append(open_runner(subjects[key], ctx.staging / artifact.path, list(record.inputs),
-                                  {**artifact.facts, **threads.get(key, {}), **update}))
-        return opened[-1]
-
+        subjects[ORT_ONE_THREAD] = ("onnxruntime", {**record.artifacts["onnxruntime"].facts, "intra_op_threads": 1})
+    fresh = {k: v for k, v in subjects.items() if v[0] == "onnxruntime"}
+    here = {k: v for k, v in subjects.items() if k not in fresh}
+    alone_fresh, rounds_fresh = fresh_process_medians(ctx.staging, record, fresh, labels, estimates_us) \
+        if fresh else ({}, ROUNDS)
+    opened: list[Runner] = []
     try:
-        alone = {k: open_one(k) for k in subjects}
-        together = {k: open_one(k, allow_spinning=False) if b == "onnxruntime" else alone[k]
-                    for k, b in subjects.items()}
-        configurations = {f"alone {k}": {(k, label): call for label, call in
-                                         _calls(alone[k], b, record, ctx.reference, labels).items()}
-                          for k, b in subjects.items()}
-        configurations["together"] = {(k, label): call for k, b in subjects.items() for label, call in
-                                      _calls(together[k], b, record, ctx.reference, labels).items()}
+        together: dict[str, Runner] = {}
+        for key, (backend, facts) in subjects.items():
+            artifact = record.artifacts[backend]
+            assert artifact.path is not None
+            update = {"allow_spinning": False} if backend == "onnxruntime" else {}
+            opened.append(open_runner(backend, ctx.staging / artifact.path, list(record.inputs), {**facts, **update}))
+            together[key] = opened[-1]
+        configurations: dict[str, Cells] = {f"alone {k}": {(k, label): call for label, call in session_calls(
+            together[k], backend, record, ctx.reference, labels).items()} for k, (backend, _) in here.items()}
+        configurations["together"] = {(k, label): call for k, (backend, _) in subjects.items() for label, call in
+                                      session_calls(together[k], backend, record, ctx.reference, labels).items()}
         medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
     finally:
         for runner in opened:
             runner.close()
-    alone_us = {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}
+    alone_us = {k: alone_fresh[k] if k in fresh else
+                {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}
     together_us = {k: {label: round(medians["together"][k, label], 2) for label in labels} for k in subjects}
-    return alone_us, together_us, rounds
+    return alone_us, together_us, min(rounds, rounds_fresh)
 
 
 def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None, Table, Table | None, str]:
@@ -282,14 +225,18 @@ def fair_measurement(measure: Callable[[], Measured],
     """`measure`'s tables from a run that other processes left alone: while they (or the hypervisor) held
     CONTENDED cores or more, a pool of several threads stalls (ONNX Runtime's default pool at 3.4x its quiet
     latency in the 21:23 bench run's compile of atari-cnn, which sent it to one thread) and the run is done again, up
-    to TRIES runs. The least loaded run is kept; the load of each run (cores, None where the platform cannot tell),
+    to TRIES runs, unless the load is still there PROBE_S later. The least loaded run is kept; the load of each run (cores, None where the platform cannot tell),
     in order, least loaded last."""
     runs: list[tuple[float | None, Measured]] = []
-    for _ in range(TRIES):
+    for attempt in range(TRIES):
         with watch() as load:
             measured = measure()
         runs.append((load.cores, measured))
-        if load.cores is None or load.cores < CONTENDED:
+        if load.cores is None or load.cores < CONTENDED or attempt == TRIES - 1:
+            break
+        with watch() as now:  # a load that is still there is the machine's state, not a burst: no retry
+            time.sleep(PROBE_S)
+        if now.cores is not None and now.cores >= CONTENDED:
             break
     kept = min(runs, key=lambda run: run[0] or 0.0)
     cores = [None if c is None else round(c, 3) for c, m in runs if m is not kept[1]]
@@ -361,5 +308,5 @@ class ChooseAuto(Stage):
         return str(out.facts["auto_choice"]["reason"])
 
 
-__all__ = ["ORT_ONE_THREAD", "ChooseAuto", "VerifyBackend", "backend_record", "fair_measurement", "interleaved_medians",
+__all__ = ["ORT_ONE_THREAD", "ChooseAuto", "VerifyBackend", "backend_record", "fair_measurement",
            "measure_configurations", "named_shapes", "ort_thread_choice", "outclassed", "time_points"]

@@ -37,3 +37,13 @@ def test_other_load_counts_another_process_and_not_this_one() -> None:
     with OtherLoad(read=spinning.__next__, clock=iter([0.0, 1.0]).__next__) as load:
         pass
     assert load.cores == 0.5
+
+
+@pytest.mark.skipif(cpu_seconds() is None, reason="no /proc/stat on this platform")
+def test_a_child_this_process_waited_for_is_its_own_work() -> None:
+    before = cpu_seconds()
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                    "while time.process_time() < end: pass"], check=True)
+    after = cpu_seconds()
+    assert before is not None and after is not None
+    assert after[1] - before[1] >= 0.5, "the child's CPU counts as this process's own, not as another's load"

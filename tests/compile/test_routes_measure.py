@@ -2,32 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
-from rlopt.compile.measure import (CONTENDED, ORT_ONE_THREAD, TRIES, fair_measurement, interleaved_medians,
+from rlopt.compile.measure import (CONTENDED, ORT_ONE_THREAD, TRIES, fair_measurement,
                                    ort_thread_choice, outclassed)
 from rlopt.machine import OtherLoad
-
-
-def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
-    def sleeper(us: float):
-        """Busy for `us` (time.sleep's wake-up under load took 3.5 ms for 200 us, drowning the difference)."""
-        def busy() -> None:
-            end = time.perf_counter() + us / 1e6
-            while time.perf_counter() < end:
-                pass
-        return busy
-
-    configurations = {"alone a": {("a", "s"): sleeper(200)},
-                      "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
-    medians, rounds = interleaved_medians(configurations, rounds=3)
-    assert rounds == 3
-    assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
-    assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
-    assert 200 <= medians["alone a"]["a", "s"] < 20000
-    slow = {"c": {("a", "s"): sleeper(20_000)}}
-    _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
-    assert rounds == 1, "no round starts once the budget is spent, but one always runs"
 
 
 def test_a_backend_over_twice_as_slow_at_every_shape_is_not_timed() -> None:
@@ -81,7 +58,7 @@ def _tables(tag: float) -> tuple[dict, dict, int]:
 
 def test_a_measurement_taken_beside_other_work_is_taken_again_and_the_quieter_one_kept() -> None:
     runs = iter([_tables(3384.0), _tables(1000.0)])
-    alone, _, rounds, load = fair_measurement(lambda: next(runs), _ScriptedLoad([0.9, 0.1]))
+    alone, _, rounds, load = fair_measurement(lambda: next(runs), _ScriptedLoad([0.9, 0.1, 0.1]))
     assert alone["onnxruntime"]["1x4"] == 1000.0 and rounds == 5
     assert load == [0.9, 0.1] and 0.1 < CONTENDED < 0.9
 
@@ -96,6 +73,17 @@ def test_a_quiet_or_unknown_machine_is_measured_once_and_load_through_every_try_
     assert fair_measurement(measure, _ScriptedLoad([0.0]))[3] == [0.0] and len(calls) == 1
     assert fair_measurement(measure, _ScriptedLoad([None]))[3] == [None] and len(calls) == 2
     calls.clear()
-    alone, _, _, load = fair_measurement(measure, _ScriptedLoad([0.6, 0.4]))
+    alone, _, _, load = fair_measurement(measure, _ScriptedLoad([0.6, 0.0, 0.4]))
     assert len(calls) == TRIES == 2 and alone["onnxruntime"]["1x4"] == 2.0, "the second run had less load"
     assert load == [0.6, 0.4] and CONTENDED < 0.4 < 0.6
+
+
+def test_a_load_still_there_after_the_first_try_is_not_waited_out() -> None:
+    calls = []
+
+    def measure() -> tuple[dict, dict, int]:
+        calls.append(1)
+        return _tables(7.0)
+
+    alone, _, _, load = fair_measurement(measure, _ScriptedLoad([0.8, 0.7]))
+    assert len(calls) == 1 and load == [0.8] and alone["onnxruntime"]["1x4"] == 7.0

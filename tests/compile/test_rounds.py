@@ -1,0 +1,56 @@
+"""Interleaved rounds of timed blocks, in this process and in a fresh one (`auto`'s measurement)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from rlopt.compile.measure import ORT_ONE_THREAD, named_shapes
+from rlopt.compile.rounds import fresh_process_medians, interleaved_medians
+from rlopt.manifest import read_manifest
+from rlopt.tools.bench.candidates import load_reference
+
+
+def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
+    def sleeper(us: float):
+        """Busy for `us` (time.sleep's wake-up under load took 3.5 ms for 200 us, drowning the difference)."""
+        def busy() -> None:
+            end = time.perf_counter() + us / 1e6
+            while time.perf_counter() < end:
+                pass
+        return busy
+
+    configurations = {"alone a": {("a", "s"): sleeper(200)},
+                      "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
+    medians, rounds = interleaved_medians(configurations, rounds=3)
+    assert rounds == 3
+    assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
+    assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
+    assert 200 <= medians["alone a"]["a", "s"] < 20000
+    slow = {"c": {("a", "s"): sleeper(20_000)}}
+    _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
+    assert rounds == 1, "no round starts once the budget is spent, but one always runs"
+
+
+def test_onnx_runtime_alone_is_timed_in_a_fresh_process(tiny_compiled: Path) -> None:
+    record = read_manifest(tiny_compiled).networks["policy"]
+    labels = named_shapes(record, load_reference(tiny_compiled, record)) | {"other": "opt"}
+    facts = dict(record.artifacts["onnxruntime"].facts)
+    subjects = {"onnxruntime": ("onnxruntime", facts),
+                ORT_ONE_THREAD: ("onnxruntime", {**facts, "intra_op_threads": 1})}
+    alone, rounds = fresh_process_medians(tiny_compiled, record, subjects, labels)
+    assert rounds >= 1 and set(alone) == set(subjects)
+    assert all(set(table) == set(labels) and 0 < min(table.values()) < 1e6 for table in alone.values())
+
+
+def test_a_fresh_process_that_fails_says_why_in_one_line(tiny_compiled: Path, tmp_path: Path) -> None:
+    record = read_manifest(tiny_compiled).networks["policy"]
+    labels = named_shapes(record, load_reference(tiny_compiled, record))
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "reference.npz").write_bytes((tiny_compiled / record.reference.path).read_bytes())
+    with pytest.raises(RuntimeError) as raised:  # the artifact is not in tmp_path
+        fresh_process_medians(tmp_path, record, {"onnxruntime": ("onnxruntime", {})}, labels)
+    message = str(raised.value)
+    assert message.startswith("timing onnxruntime in a fresh process failed: ") and "\n" not in message
