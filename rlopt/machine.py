@@ -40,8 +40,8 @@ def load_average() -> list[float] | None:
 
 def cpu_seconds() -> tuple[float, float] | None:
     """(CPU seconds used by every process on the machine plus those the hypervisor stole from it, CPU seconds of this
-    process's threads and of its children it waited for), both since some fixed point; None where /proc/stat is
-    absent. A child that times a candidate for this process is this process's work, not another's."""
+    process's threads and of its children), both since some fixed point; None where /proc/stat is absent. A child
+    that times a candidate for this process is this process's work, not another's."""
     try:
         with open("/proc/stat") as stat:
             fields = stat.readline().split()
@@ -50,9 +50,27 @@ def cpu_seconds() -> tuple[float, float] | None:
     if len(fields) < 9 or fields[0] != "cpu":
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    own = os.times()
-    return ((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"),
-            time.process_time() + own.children_user + own.children_system)
+    tick, own = os.sysconf("SC_CLK_TCK"), os.times()
+    return ((user + nice + system + irq + softirq + steal) / tick,
+            time.process_time() + own.children_user + own.children_system + _running_children_ticks() / tick)
+
+
+def _running_children_ticks() -> int:
+    """CPU ticks of this process's children still running (their own and their waited-for children's), from
+    /proc/<pid>/stat: a worker this process keeps is its own work too (os.times counts children once waited for)."""
+    me, ticks = os.getpid(), 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # from field 3 (state): ppid is [1], utime..cstime [11:15]
+        if len(fields) > 14 and int(fields[1]) == me:
+            ticks += sum(int(v) for v in fields[11:15])
+    return ticks
 
 
 class OtherLoad:

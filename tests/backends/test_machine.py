@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,14 +22,18 @@ def test_usable_cores_follow_the_affinity_not_the_machine() -> None:
 
 @pytest.mark.skipif(cpu_seconds() is None, reason="no /proc/stat on this platform")
 def test_other_load_counts_another_process_and_not_this_one() -> None:
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    busy = "import time\nend = time.time() + 3\nwhile time.time() < end: pass"
+    launcher = subprocess.run([sys.executable, "-c", "import subprocess, sys\n"
+                               f"print(subprocess.Popen([sys.executable, '-c', {busy!r}], stdout=subprocess.DEVNULL, "
+                               "stderr=subprocess.DEVNULL).pid)"],
+                              capture_output=True, text=True, check=True)  # not our child: its parent has exited
     try:
         time.sleep(0.3)
         with OtherLoad() as beside_a_busy_process:
             time.sleep(1.0)
     finally:
-        busy.kill()
-        busy.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(launcher.stdout), signal.SIGKILL)
     assert beside_a_busy_process.cores is not None and beside_a_busy_process.cores >= 0.5
     ours = OtherLoad(read=lambda: (10.0, 10.0), clock=iter([0.0, 1.0]).__next__)
     with ours:
@@ -47,3 +53,12 @@ def test_a_child_this_process_waited_for_is_its_own_work() -> None:
     after = cpu_seconds()
     assert before is not None and after is not None
     assert after[1] - before[1] >= 0.5, "the child's CPU counts as this process's own, not as another's load"
+    running = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                                "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        time.sleep(1.0)
+        while_running = cpu_seconds()
+        assert while_running is not None and while_running[1] - after[1] >= 0.4, "and so does a running child's"
+    finally:
+        running.kill()
+        running.wait()
