@@ -73,6 +73,7 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(cold: tuple[Path, Path, Compile
     assert verify_model_dir(tmp_path / "out").passed
 
 
+@pytest.mark.slow  # CLI compiles or runs in fresh processes: `make test-all`
 def test_no_cache_flag_and_cache_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLOPT_CACHE", str(tmp_path / "private-cache"))
     recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")

@@ -155,8 +155,8 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
                            estimates_us: Table | None = None,
                            one_thread_ort: bool = False) -> tuple[Table, Table, int]:
     """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
-    process, ONNX Runtime not spinning, cells interleaved): median us per shape label; and the rounds done (the
-    fewer of the two measurements). With `one_thread_ort`, ONNX Runtime with one intra-op thread is timed too, as
+    process, ONNX Runtime not spinning, cells interleaved; empty with one candidate): median us per shape label; and
+    the rounds done (the fewer of the two measurements). With `one_thread_ort`, ONNX Runtime with one intra-op thread is timed too, as
     ORT_ONE_THREAD.
 
     ONNX Runtime alone is timed in a fresh process that opens nothing else, as a session routed to it alone runs
@@ -170,6 +170,8 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
     here = {k: v for k, v in subjects.items() if k not in fresh}
     alone_fresh, rounds_fresh = fresh_process_medians(ctx.staging, record, fresh, labels, estimates_us) \
         if fresh else ({}, ROUNDS)
+    if len(candidates) == 1 and not here:  # ONNX Runtime's threads are the only question: nothing to mix
+        return alone_fresh, {}, rounds_fresh
     opened: list[Runner] = []
     try:
         together: dict[str, Runner] = {}

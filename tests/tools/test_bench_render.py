@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from rlopt.render.bench import bench_tables
@@ -10,6 +12,7 @@ from tests.conftest import assert_one_line_error, run_rlopt
 from tests.tools.common import run_piped
 
 
+@pytest.mark.slow  # CLI compiles or runs in fresh processes: `make test-all`
 def test_human_table(ort_compiled: Path) -> None:
     """Piped, with no COLUMNS: the table takes its natural width (rich would wrap it at 80) and the progress
     goes to stderr as plain lines."""

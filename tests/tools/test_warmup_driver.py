@@ -43,6 +43,7 @@ def check_report_structure(document: dict[str, Any], model_dir: Path) -> None:
     assert Path(document["files"]["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # CLI compiles or runs in fresh processes: `make test-all`
 def test_reference_spelling_runs_writes_report_and_plot_and_verify_still_passes(ort_copy: Path,
                                                                                tmp_path: Path) -> None:
     profile = write_profile(tmp_path, TINY_PROFILE)
