@@ -22,7 +22,8 @@ from rlopt.machine import OtherLoad, usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
-from rlopt.compile.rounds import ROUNDS, Cells, Subjects, fresh_process_medians, interleaved_medians, session_calls
+from rlopt.compile.rounds import (ROUNDS, Cells, Subjects, fresh_process_medians, interleaved_medians, open_subject,
+                                  session_calls)
 from rlopt.runtime import ranked_backends, unbucketed_p50
 from rlopt.runtime.routes import NOISE, OTHER, Table, choose_route
 from rlopt.timing import LatencyStats, measure
@@ -176,10 +177,8 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
     try:
         together: dict[str, Runner] = {}
         for key, (backend, facts) in subjects.items():
-            artifact = record.artifacts[backend]
-            assert artifact.path is not None
             update = {"allow_spinning": False} if backend == "onnxruntime" else {}
-            opened.append(open_runner(backend, ctx.staging / artifact.path, list(record.inputs), {**facts, **update}))
+            opened.append(open_subject(ctx.staging, record, backend, {**facts, **update}))
             together[key] = opened[-1]
         configurations: dict[str, Cells] = {f"alone {k}": {(k, label): call for label, call in session_calls(
             together[k], backend, record, ctx.reference, labels).items()} for k, (backend, _) in here.items()}

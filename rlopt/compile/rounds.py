@@ -99,6 +99,13 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
 Subjects = dict[str, tuple[str, dict[str, Any]]]  # key -> (backend, facts it is opened with)
 
 
+def open_subject(staging: Path, record: NetworkRecord, backend: str, facts: dict[str, Any]) -> Runner:
+    """`backend`'s artifact of `record` (under `staging`) opened with `facts`."""
+    artifact = record.artifacts[backend]
+    assert artifact.path is not None
+    return open_runner(backend, staging / artifact.path, list(record.inputs), facts)
+
+
 def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
                   labels: dict[str, str], estimates_us: Table | None = None) -> tuple[Table, int]:
     """Each subject opened alone (`alone <key>` configurations) and timed in interleaved rounds, in this process:
@@ -107,9 +114,7 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
     try:
         configurations: dict[str, Cells] = {}
         for key, (backend, facts) in subjects.items():
-            artifact = record.artifacts[backend]
-            assert artifact.path is not None
-            opened.append(open_runner(backend, staging / artifact.path, list(record.inputs), facts))
+            opened.append(open_subject(staging, record, backend, facts))
             configurations[f"alone {key}"] = {(key, label): call for label, call in
                                               session_calls(opened[-1], backend, record, reference, labels).items()}
         medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
@@ -233,4 +238,4 @@ def fresh_process_main() -> None:
 
 __all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "Call", "Cells", "Subjects", "alone_medians",
            "block_median", "fresh_process_main", "fresh_process_medians", "interleaved_medians", "kept_worker",
-           "session_calls"]
+           "open_subject", "session_calls"]
