@@ -134,7 +134,6 @@ OUTCLASSED = 2.0  # a candidate this many times slower than another at every nam
 CONTENDED = 0.25  # cores' worth of other processes' CPU (or hypervisor steal) that makes a measurement unfair
 TRIES = 2  # measurements at most: a burst of other work gets one more; load through both is the machine's state
 PROBE_S = 0.1  # how long the load is looked at again before a retry
-Call = Callable[[], object]
 
 
 def named_shapes(record: NetworkRecord, reference: Reference) -> dict[str, str]:
@@ -157,8 +156,8 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
                            one_thread_ort: bool = False) -> tuple[Table, Table, int]:
     """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
     process, ONNX Runtime not spinning, cells interleaved; empty with one candidate): median us per shape label; and
-    the rounds done (the fewer of the two measurements). With `one_thread_ort`, ONNX Runtime with one intra-op thread is timed too, as
-    ORT_ONE_THREAD.
+    the rounds done (the fewer of the two measurements). With `one_thread_ort`, ONNX Runtime with one intra-op
+    thread is timed too, as ORT_ONE_THREAD.
 
     ONNX Runtime alone is timed in a fresh process that opens nothing else, as a session routed to it alone runs
     it: a spinning pool timed in this process shared the cores with the idle pools of the other candidates and of
@@ -221,23 +220,28 @@ def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None,
 Measured = tuple[Table, Table, int]
 
 
+def contended(cores: float | None) -> bool:
+    """Whether other processes held CONTENDED cores or more (unknown load is not contention)."""
+    return cores is not None and cores >= CONTENDED
+
+
 def fair_measurement(measure: Callable[[], Measured],
                      watch: Callable[[], OtherLoad] = OtherLoad) -> tuple[Table, Table, int, list[float | None]]:
     """`measure`'s tables from a run that other processes left alone: while they (or the hypervisor) held
     CONTENDED cores or more, a pool of several threads stalls (ONNX Runtime's default pool at 3.4x its quiet
     latency in the 21:23 bench run's compile of atari-cnn, which sent it to one thread) and the run is done again, up
-    to TRIES runs, unless the load is still there PROBE_S later. The least loaded run is kept; the load of each run (cores, None where the platform cannot tell),
-    in order, least loaded last."""
+    to TRIES runs, unless the load is still there PROBE_S later. The least loaded run is kept; the load of each run
+    (cores, None where the platform cannot tell), in order, least loaded last."""
     runs: list[tuple[float | None, Measured]] = []
     for attempt in range(TRIES):
         with watch() as load:
             measured = measure()
         runs.append((load.cores, measured))
-        if load.cores is None or load.cores < CONTENDED or attempt == TRIES - 1:
+        if not contended(load.cores) or attempt == TRIES - 1:
             break
         with watch() as now:  # a load that is still there is the machine's state, not a burst: no retry
             time.sleep(PROBE_S)
-        if now.cores is not None and now.cores >= CONTENDED:
+        if contended(now.cores):
             break
     kept = min(runs, key=lambda run: run[0] or 0.0)
     cores = [None if c is None else round(c, 3) for c, m in runs if m is not kept[1]]
@@ -289,7 +293,7 @@ class ChooseAuto(Stage):
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 why = f"measuring failed: {first_line(exc)}"
         ort_threads, ranked_alone, ranked_together, threads_why = ort_thread_choice(alone, together)
-        if load and load[-1] is not None and load[-1] >= CONTENDED:  # the tables stay recorded, the mix is not tried
+        if load and contended(load[-1]):  # the tables stay recorded, the mix is not tried
             why, ranked_together = f"other processes held {load[-1]:.2f} cores through {len(load)} measurements", None
         choice = choose_route(ranked_alone, ranked_together, list(labels), contenders, why)
         routes = {label: choice.per_point[label] for label in named}

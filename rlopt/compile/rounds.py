@@ -164,7 +164,6 @@ class _Worker:
             return {"error": "it exited or did not answer" if ready else f"no answer in {FRESH_TIMEOUT_S:g} s"}
         return dict(json.loads(line))
 
-
     @classmethod
     def close(cls) -> None:
         process, cls.process = cls.process, None

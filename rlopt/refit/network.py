@@ -6,6 +6,7 @@ Works on the staging copy of the MODEL_DIR; files are rewritten there, never in 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ class NetworkRefit:
         self.padded = repad(self.folder, self.old.facts, self.recipe) if "model.padded.onnx" in self.old.files \
             else None
 
-    def refit_backends(self, picked: Any) -> None:
+    def refit_backends(self, picked: Callable[[str], bool]) -> None:
         """Hook and gate each artifact whose backend `picked(backend)` is true (an unbuilt one is carried over)."""
         spec = self.recipe.networks[self.name]
         for backend, record in self.old.artifacts.items():
