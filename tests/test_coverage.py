@@ -143,7 +143,7 @@ def random_networks(draw: st.DrawFn) -> dict:
     }
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_networks())
 def test_random_networks_verify_fail_naming_a_backend_or_are_refused_in_one_line(document: dict) -> None:
     with tempfile.TemporaryDirectory(prefix="rlopt-random-") as folder:

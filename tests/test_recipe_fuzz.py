@@ -61,13 +61,13 @@ def _parse(tmp_path: Path, text: str) -> None:
         assert "\n" not in message and "fix:" in message and str(path) in message
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(document=values)
 def test_random_documents_never_crash(tmp_path: Path, document: object) -> None:
     _parse(tmp_path, _dump(document))
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(PATHS), value=values)
 def test_mutated_valid_recipe_never_crashes(tmp_path: Path, path: tuple, value: object) -> None:
     _parse(tmp_path, _dump(_replace(VALID, path, value)))

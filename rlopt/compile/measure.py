@@ -31,6 +31,7 @@ from rlopt.verify import gate_runner
 
 CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
 VARIANT_SAMPLES = 4
+TIMING_BUDGET_S = 0.1  # per point: the manifest's p50/p99 and `auto`'s block sizes; `auto` times its choice itself
 Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 
@@ -115,7 +116,7 @@ class VerifyBackend(Stage):
             base.latency_us = {
                 point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
                                iterations=stats.iterations)
-                for point, stats in time_points(runner.infer, reference, reference.points, budget_s=0.3).items()}
+                for point, stats in time_points(runner.infer, reference, reference.points, budget_s=TIMING_BUDGET_S).items()}
         finally:
             runner.close()
         return base, None

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rlopt.errors import BackendUnavailable
 from rlopt.tools.bench import (
@@ -193,6 +194,7 @@ def _wait_gone(pids: set[int], timeout_s: float = 30) -> list[int]:
     return [p for p in pids if process_alive(p)]
 
 
+@pytest.mark.slow  # the killed-parent test below covers worker cleanup in the default run
 @needs_proc
 def test_ctrl_c_leaves_no_worker_behind(ort_compiled: Path) -> None:
     proc = _start_bench(ort_compiled)
