@@ -4,6 +4,7 @@ runners reach no compile code, and no import cycle exists (imports inside functi
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rlopt"
@@ -47,7 +48,10 @@ def _imports(module: str, path: Path) -> set[str]:
     return found
 
 
-EDGES = {module: _imports(module, path) for module, path in MODULES.items()}
+@functools.cache
+def edges() -> dict[str, set[str]]:
+    """Module -> the rlopt modules it imports; parsed on first use, not at collection (every worker collects)."""
+    return {module: _imports(module, path) for module, path in MODULES.items()}
 
 
 def _reach(start: str) -> dict[str, str]:
@@ -55,7 +59,7 @@ def _reach(start: str) -> dict[str, str]:
     seen, todo = {start: ""}, [start]
     while todo:
         current = todo.pop()
-        for target in EDGES[current]:
+        for target in edges()[current]:
             if target not in seen:
                 seen[target] = current
                 todo.append(target)
@@ -75,13 +79,13 @@ def _backend(module: str) -> str | None:
 
 
 def test_stages_do_not_import_each_other() -> None:
-    bad = [f"{m} -> {t}" for m, targets in EDGES.items() if m.startswith("rlopt.stages.")
+    bad = [f"{m} -> {t}" for m, targets in edges().items() if m.startswith("rlopt.stages.")
            for t in targets if t.startswith("rlopt.stages.") and t != "rlopt.stages.base"]
     assert not bad, bad
 
 
 def test_backends_do_not_import_each_other() -> None:
-    bad = [f"{m} -> {t}" for m, targets in EDGES.items() if _backend(m)
+    bad = [f"{m} -> {t}" for m, targets in edges().items() if _backend(m)
            for t in targets if _backend(t) and _backend(t) != _backend(m)]
     assert not bad, bad
 
@@ -110,7 +114,7 @@ def test_no_import_cycles() -> None:
         counter[0] += 1
         stack.append(v)
         on_stack.add(v)
-        for w in EDGES[v]:
+        for w in edges()[v]:
             if w not in index:
                 strong(w)
                 low[v] = min(low[v], low[w])
@@ -127,7 +131,7 @@ def test_no_import_cycles() -> None:
             if len(component) > 1:
                 cycles.append(sorted(component))
 
-    for module in EDGES:
+    for module in edges():
         if module not in index:
             strong(module)
     assert cycles == []
