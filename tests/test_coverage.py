@@ -1,8 +1,9 @@
 """Issue 14: every policy architecture RL users deploy compiles, or is refused in one line.
 
-Default run: three representative architectures (masked policy, LSTM with state, embedding) on
-torchscript + ONNX Runtime, and a property test over random small networks. The whole matrix on
-every backend is marked slow (scripts/coverage.py writes docs/coverage.md from the same models).
+Default run: two representative architectures (masked policy, embedding) on torchscript + ONNX
+Runtime, and a property test over random small networks (a GRU with state among them). The LSTM with
+state and the whole matrix on every backend are marked slow (scripts/coverage.py writes
+docs/coverage.md from the same models).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_masked_policy_compiles_and_its_minus_inf_logits_verify(tmp_path: Path) 
     assert verify_model_dir(result.model_dir).passed
 
 
+@pytest.mark.slow  # recurrent state in the default run: the GRU tools test and the reference-steps test
 def test_lstm_with_state_compiles_and_verifies_over_steps(tmp_path: Path) -> None:
     result = compile_architecture(tmp_path, "recurrent_ppo_lstm", FAST, samples=2, steps=2)
     assert result.passed, result.failures
