@@ -102,6 +102,8 @@ class Backend:
     None means this backend's artifacts cannot be refitted and `rlopt refit` refuses them.
     `runtime_env` are environment settings under which its library loads only what runs artifacts (for a process
     that never compiles: see rlopt.backends.runtime_only_process).
+    `stall_floor` gives, per shape label, the latency a call falls back to when its thread pool stalls (a pool that
+    hands each thread one fixed chunk waits for a descheduled thread); `auto` counts that shape at no less.
     """
 
     name: str
@@ -115,6 +117,7 @@ class Backend:
     stages: tuple[str, ...] = ()
     refit: str | None = None
     runtime_env: tuple[tuple[str, str], ...] = ()
+    stall_floor: Callable[[Any], dict[str, float]] | None = None
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]

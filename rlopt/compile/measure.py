@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.backends import Runner, open_runner, unavailable_reason
+from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
 from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
 from rlopt.compile.stage import Context, Stage, StageOutput
@@ -249,6 +249,29 @@ def fair_measurement(measure: Callable[[], Measured],
     return (*kept[1], [*cores, None if kept[0] is None else round(kept[0], 3)])
 
 
+def stall_floors(record: NetworkRecord, backends: list[str]) -> Table:
+    """Per backend with a `stall_floor` hook: the latency per shape label its calls fall back to when its pool
+    stalls (rlopt.backends.base.Backend)."""
+    floors: Table = {}
+    for backend in backends:
+        hook = BACKENDS[backend].stall_floor if backend in BACKENDS else None
+        if hook is not None:
+            floors[backend] = hook(facts_of(backend, record.artifacts[backend].facts))
+    return {b: f for b, f in floors.items() if f}
+
+
+def at_least(table: Table, floors: Table) -> tuple[Table, list[str]]:
+    """`table` with each figure raised to its floor, and what was raised ("tvm 256x17 99.9 us")."""
+    raised: list[str] = []
+    out = {b: dict(row) for b, row in table.items()}
+    for backend, floor in floors.items():
+        for label, us in floor.items():
+            if label in out.get(backend, {}) and out[backend][label] < us:
+                out[backend][label] = us
+                raised.append(f"{backend} {label} {us:g} us")
+    return out, raised
+
+
 def outclassed(recorded: Table, backend: str, named: dict[str, str]) -> bool:
     """Whether `backend` timed over OUTCLASSED times another's latency at every named shape (compile's verify
     timings): it would win no shape, so the rounds that time every candidate skip it."""
@@ -293,6 +316,9 @@ class ChooseAuto(Stage):
                     lambda: measure_configurations(ctx, record, contenders, labels, recorded, one_thread))
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 why = f"measuring failed: {first_line(exc)}"
+        floors = stall_floors(record, contenders)  # a pool with no core to spare runs at one thread's speed
+        alone, floored = at_least(alone, floors)
+        together = at_least(together, floors)[0] if together else together
         ort_threads, ranked_alone, ranked_together, threads_why = ort_thread_choice(alone, together)
         if load and contended(load[-1]):  # the tables stay recorded, the mix is not tried
             why, ranked_together = f"other processes held {load[-1]:.2f} cores through {len(load)} measurements", None
@@ -301,8 +327,10 @@ class ChooseAuto(Stage):
         fallback = choice.per_point.get(OTHER, choice.per_point[at_opt])
         uses_ort = "onnxruntime" in choice.per_point.values()
         reason = choice.reason + (f"; {threads_why}" if threads_why and uses_ort else "") + (
-            f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)" if pruned else "")
+            f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)" if pruned else "") + (
+            f"; counted at one thread's speed (a stalled pool): {', '.join(floored)}" if floored else "")
         auto = {"mixed": choice.mixed, "reason": reason, "rounds": rounds, "other_load_cores": load,
+                "stall_floor_us": floors,
                 "alone_us": {b: dict(t) for b, t in alone.items()},
                 "together_us": {b: dict(t) for b, t in (together or {}).items()}}
         ort = {"auto_onnxruntime_threads": ort_threads} if ort_threads and uses_ort else {}
@@ -314,5 +342,5 @@ class ChooseAuto(Stage):
         return str(out.facts["auto_choice"]["reason"])
 
 
-__all__ = ["ORT_ONE_THREAD", "ChooseAuto", "VerifyBackend", "backend_record", "fair_measurement",
-           "measure_configurations", "named_shapes", "ort_thread_choice", "outclassed", "time_points"]
+__all__ = ["ORT_ONE_THREAD", "ChooseAuto", "VerifyBackend", "at_least", "backend_record", "fair_measurement",
+           "measure_configurations", "named_shapes", "ort_thread_choice", "outclassed", "stall_floors", "time_points"]

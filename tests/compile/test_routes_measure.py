@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from rlopt.compile.measure import (CONTENDED, ORT_ONE_THREAD, TRIES, fair_measurement,
+import pytest
+
+from rlopt.backends import BACKENDS
+from rlopt.backends.tvm.facts import TvmFacts
+from rlopt.compile.measure import (CONTENDED, ORT_ONE_THREAD, TRIES, at_least, fair_measurement,
                                    ort_thread_choice, outclassed)
-from rlopt.machine import OtherLoad
+from rlopt.machine import OtherLoad, usable_cores
+from rlopt.runtime.routes import choose_route
 
 
 def test_a_backend_over_twice_as_slow_at_every_shape_is_not_timed() -> None:
@@ -87,3 +92,41 @@ def test_a_load_still_there_after_the_first_try_is_not_waited_out() -> None:
 
     alone, _, _, load = fair_measurement(measure, _ScriptedLoad([0.8, 0.7]))
     assert len(calls) == 1 and load == [0.8] and alone["onnxruntime"]["1x4"] == 7.0
+
+
+# the ppo-mlp actor compiled for the 16:10 bench run on znver2: TVM's pool of 2 threads won 256x17 at compile
+# (63 us against 89 us for ONNX Runtime on one thread) and ran there at 0.90 / 1.15 / 1.35x ONNX Runtime's best
+PPO_THREADS = {"1x17": {"1": 4.18, "2": 4.11}, "64x17": {"1": 26.8, "2": 24.61}, "256x17": {"1": 99.92, "2": 65.21}}
+PPO_ALONE = {"tvm": {"1x17": 5.48, "64x17": 28.99, "256x17": 63.02, "other": 63.78},
+             "onnxruntime": {"1x17": 16.19, "64x17": 31.68, "256x17": 89.09, "other": 31.51}}
+PPO_TOGETHER = {"tvm": {"1x17": 5.51, "64x17": 30.63, "256x17": 64.44, "other": 63.2},
+                "onnxruntime": {"1x17": 15.61, "64x17": 31.4, "256x17": 76.53, "other": 30.52}}
+
+
+def test_a_tvm_pool_spanning_every_core_is_counted_at_one_threads_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    floor = BACKENDS["tvm"].stall_floor
+    assert floor is not None
+    cores = usable_cores()
+    spanning = TvmFacts(num_threads=cores, thread_latency_us=PPO_THREADS)
+    if cores > 1:
+        assert floor(spanning) == {"1x17": 4.18, "64x17": 26.8, "256x17": 99.92}
+    assert floor(TvmFacts(num_threads=1, thread_latency_us=PPO_THREADS)) == {}, "one thread: nothing to stall"
+    assert floor(TvmFacts(num_threads=None)) == {}, "untuned: serial kernels, no pool"
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    assert floor(spanning) == {}, "the user's TVM_NUM_THREADS wins"
+
+
+def test_the_stall_floor_sends_the_shape_the_pool_won_to_onnxruntime() -> None:
+    points = ["1x17", "64x17", "256x17", "other"]
+    order = ["tvm", "onnxruntime"]
+    before = choose_route(PPO_ALONE, PPO_TOGETHER, points, order)
+    assert before.per_point["256x17"] == "tvm"
+    floors = {"tvm": {label: row["1"] for label, row in PPO_THREADS.items()}}
+    alone, raised = at_least(PPO_ALONE, floors)
+    together, _ = at_least(PPO_TOGETHER, floors)
+    assert raised == ["tvm 256x17 99.92 us"], "only where one thread is slower than the measured pool"
+    assert alone["tvm"]["64x17"] == 28.99 and PPO_ALONE["tvm"]["256x17"] == 63.02, "the input is left as it was"
+    after = choose_route(alone, together, points, order)
+    assert after.per_point == {"1x17": "tvm", "64x17": "tvm", "256x17": "onnxruntime", "other": "onnxruntime"}
+    assert after.mixed

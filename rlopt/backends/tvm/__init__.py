@@ -6,7 +6,7 @@ import os
 
 from rlopt.backends.base import Backend, module_missing
 from rlopt.backends.tvm.facts import TvmFacts
-from rlopt.machine import gpu_absent_reason
+from rlopt.machine import gpu_absent_reason, usable_cores
 
 
 def _unavailable(facts: TvmFacts) -> str | None:
@@ -29,10 +29,22 @@ def _threads(facts: TvmFacts) -> int | str:
     return int(configured) if configured.isdigit() else facts.num_threads or "TVM default"
 
 
+def _stall_floor(facts: TvmFacts) -> dict[str, float]:
+    """One thread's compile-time latency per tuned shape, where the build chose a pool spanning every usable core:
+    TVM's fork-join gives each thread one fixed chunk, so with no core to spare, a call whose other core is busy
+    runs at about one thread's speed (docs/benchmarks.md, "The stall"; the ppo-mlp actor at 256x17: 63 us with the
+    pool at compile, 94-113 us in three bench runs, 100 us on one thread)."""
+    threads = _threads(facts)
+    if not isinstance(threads, int) or threads <= 1 or threads < usable_cores():
+        return {}
+    return {label: float(row["1"]) for label, row in facts.thread_latency_us.items()
+            if isinstance(row, dict) and row.get("1")}
+
+
 BACKEND = Backend(
     name="tvm", module="tvm",
     runner="rlopt.backends.tvm.runner:TvmRunner",
     unavailable=_unavailable, threads=_threads, facts=TvmFacts, native=True,
     stages=("rlopt.backends.tvm.stages:TvmCudaBuild", "rlopt.backends.tvm.stages:TvmBuild"),
     refit="rlopt.backends.tvm.refit:refit_artifact",
-    runtime_env=(("TVM_USE_RUNTIME_LIB", "1"),))
+    runtime_env=(("TVM_USE_RUNTIME_LIB", "1"),), stall_floor=_stall_floor)
