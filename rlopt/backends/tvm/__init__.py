@@ -34,8 +34,8 @@ def _stall_floor(facts: TvmFacts) -> dict[str, float]:
     TVM's fork-join gives each thread one fixed chunk, so with no core to spare, a call whose other core is busy
     runs at about one thread's speed (docs/benchmarks.md, "The stall"; the ppo-mlp actor at 256x17: 63 us with the
     pool at compile, 94-113 us in three bench runs, 100 us on one thread)."""
-    threads = _threads(facts)
-    if not isinstance(threads, int) or threads <= 1 or threads < usable_cores():
+    threads = facts.num_threads or 1  # the build's choice: TVM_NUM_THREADS in a compiling process may be another
+    if threads <= 1 or threads < usable_cores():  # network's, set when its runner opened
         return {}
     return {label: float(row["1"]) for label, row in facts.thread_latency_us.items()
             if isinstance(row, dict) and row.get("1")}
