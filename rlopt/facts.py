@@ -127,6 +127,9 @@ class AutoChoiceFacts(Facts):
         default_factory=dict, description="backend -> shape -> us, every shape on that backend, pools as when alone")
     together_us: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="backend -> shape -> us, all candidates in one process, ORT not spinning")
+    stall_floor_us: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="backend -> shape -> us no figure was counted below: a stalled pool's cost "
+                                          "(TVM: one thread's, where its pool spans every core)")
 
 
 class NetworkFacts(Facts):

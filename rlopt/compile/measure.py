@@ -31,7 +31,7 @@ from rlopt.verify import gate_runner
 
 CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
 VARIANT_SAMPLES = 4
-TIMING_BUDGET_S = 0.1  # per point: the manifest's p50/p99 and `auto`'s block sizes; `auto` times its choice itself
+TIMING_BUDGET_S = 0.1  # per point, for the manifest's p50/p99 and `auto`'s pruning; `auto` times its choice itself
 Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 
