@@ -8,12 +8,6 @@ from typing import Callable
 
 import numpy as np
 
-# One block of the measurement protocol (`auto`'s rounds at compile, `rlopt bench`, scripts/bench.py): this many
-# back-to-back calls, the first untimed. Blocks this short keep the cold start after another candidate ran in
-# the figures, as an actor's calls between environment steps have it; blocks of up to 50 calls had ONNX Runtime
-# on one thread at 82-94 us on the ppo-mlp actor at 256x17, and 120-127 us with blocks of 8 (its pool: 95-120 us).
-BLOCK_CALLS = 8
-
 
 @dataclass(frozen=True)
 class LatencyStats:

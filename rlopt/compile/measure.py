@@ -153,6 +153,7 @@ def has_other_shapes(record: NetworkRecord, named: int) -> bool:
 
 
 def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
+                           estimates_us: Table | None = None,
                            one_thread_ort: bool = False) -> tuple[Table, Table, int]:
     """`alone[b]` (b's pools as when alone: ONNX Runtime spinning) and `together[b]` (every candidate open in this
     process, ONNX Runtime not spinning, cells interleaved; empty with one candidate): median us per shape label; and
@@ -168,7 +169,7 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
         subjects[ORT_ONE_THREAD] = ("onnxruntime", {**record.artifacts["onnxruntime"].facts, "intra_op_threads": 1})
     fresh = {k: v for k, v in subjects.items() if v[0] == "onnxruntime"}
     here = {k: v for k, v in subjects.items() if k not in fresh}
-    alone_fresh, rounds_fresh = fresh_process_medians(ctx.staging, record, fresh, labels) \
+    alone_fresh, rounds_fresh = fresh_process_medians(ctx.staging, record, fresh, labels, estimates_us) \
         if fresh else ({}, ROUNDS)
     if len(candidates) == 1 and not here:  # ONNX Runtime's threads are the only question: nothing to mix
         return alone_fresh, {}, rounds_fresh
@@ -183,7 +184,7 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
             together[k], backend, record, ctx.reference, labels).items()} for k, (backend, _) in here.items()}
         configurations["together"] = {(k, label): call for k, (backend, _) in subjects.items() for label, call in
                                       session_calls(together[k], backend, record, ctx.reference, labels).items()}
-        medians, rounds = interleaved_medians(configurations)
+        medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
     finally:
         for runner in opened:
             runner.close()
@@ -312,7 +313,7 @@ class ChooseAuto(Stage):
         if (len(contenders) > 1 or one_thread) and not why:
             try:
                 alone, together, rounds, load = fair_measurement(
-                    lambda: measure_configurations(ctx, record, contenders, labels, one_thread))
+                    lambda: measure_configurations(ctx, record, contenders, labels, recorded, one_thread))
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 why = f"measuring failed: {first_line(exc)}"
         floors = stall_floors(record, contenders)  # a pool with no core to spare runs at one thread's speed

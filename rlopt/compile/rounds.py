@@ -27,9 +27,9 @@ from rlopt.manifest import NetworkRecord
 from rlopt.reference import Reference
 from rlopt.runtime import Session, unbucketed_variant
 from rlopt.runtime.routes import OTHER, Table
-from rlopt.timing import BLOCK_CALLS
 
-ROUNDS = 8
+ROUNDS = 5
+CELL_BUDGET_S = 0.005  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
 SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
 BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
 FRESH_TIMEOUT_S = 120.0
@@ -66,18 +66,23 @@ def block_median(call: Call, count: int) -> float:
 
 
 def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, seed: int = 0,
+                        estimates_us: Table | None = None,
                         budget_s: float = BUDGET_S) -> tuple[dict[str, dict[tuple[str, str], float]], int]:
     """Per configuration and (backend, shape) cell: the median over rounds of each round's block median, and
     the rounds done (at least one; no round starts once `budget_s` is spent).
 
     Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
-    mixed configuration, calls switch backends as a mixed session's do); a block is the protocol's BLOCK_CALLS calls,
-    the first untimed (rlopt.timing)."""
+    mixed configuration, calls switch backends as a mixed session's do). `estimates_us[backend][shape]` sizes the
+    blocks (default: one timed call per cell)."""
     rng = random.Random(seed)
-    for cells in configurations.values():
-        for call in cells.values():
+    counts: dict[tuple[str, tuple[str, str]], int] = {}
+    for config, cells in configurations.items():
+        for cell, call in cells.items():
             call()
             call()  # a Session binds its per-thread call on the second call of a signature
+            known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
+            estimate = float(known) if known else block_median(call, 1)
+            counts[config, cell] = int(min(50, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
     medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
                                                              for c, cells in configurations.items()}
     deadline, done = time.monotonic() + budget_s, 0
@@ -85,7 +90,7 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
         for config in rng.sample(list(configurations), len(configurations)):
             cells = configurations[config]
             for cell in rng.sample(list(cells), len(cells)):
-                medians[config][cell].append(block_median(cells[cell], BLOCK_CALLS - 1))
+                medians[config][cell].append(block_median(cells[cell], counts[config, cell]))
             time.sleep(SETTLE_S)
         done += 1
     return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in medians.items()}, done
@@ -102,7 +107,7 @@ def open_subject(staging: Path, record: NetworkRecord, backend: str, facts: dict
 
 
 def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
-                  labels: dict[str, str]) -> tuple[Table, int]:
+                  labels: dict[str, str], estimates_us: Table | None = None) -> tuple[Table, int]:
     """Each subject opened alone (`alone <key>` configurations) and timed in interleaved rounds, in this process:
     us per shape label per key, and the rounds done."""
     opened: list[Runner] = []
@@ -112,7 +117,7 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
             opened.append(open_subject(staging, record, backend, facts))
             configurations[f"alone {key}"] = {(key, label): call for label, call in
                                               session_calls(opened[-1], backend, record, reference, labels).items()}
-        medians, rounds = interleaved_medians(configurations)
+        medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
     finally:
         for runner in opened:
             runner.close()
@@ -189,8 +194,8 @@ def kept_worker(start: bool = False) -> Iterator[None]:
                 _Worker.close()
 
 
-def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjects,
-                          labels: dict[str, str]) -> tuple[Table, int]:
+def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
+                          estimates_us: Table | None = None) -> tuple[Table, int]:
     """`alone_medians` in another interpreter that opens nothing else. Raises RuntimeError with the reason in one
     line when it fails."""
     assert record.reference is not None
@@ -198,7 +203,7 @@ def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjec
         try:
             answer = _Worker.ask({"staging": str(staging), "record": record.model_dump(mode="json"),
                                   "reference": str(staging / record.reference.path), "subjects": subjects,
-                                  "labels": labels})
+                                  "labels": labels, "estimates_us": estimates_us or {}})
         finally:
             if not _Worker.kept:
                 _Worker.close()
@@ -217,7 +222,8 @@ def fresh_process_main() -> None:
             record = NetworkRecord.model_validate(job["record"])
             reference = Reference.load(Path(job["reference"]), list(record.inputs), list(record.outputs))
             subjects = {key: (backend, facts) for key, (backend, facts) in job["subjects"].items()}
-            alone, rounds = alone_medians(Path(job["staging"]), record, reference, subjects, job["labels"])
+            alone, rounds = alone_medians(Path(job["staging"]), record, reference, subjects, job["labels"],
+                                          job["estimates_us"])
             answer: dict[str, Any] = {"alone_us": alone, "rounds": rounds}
         except Exception as exc:  # the parent reports it in one line
             text = str(exc).strip()
@@ -226,6 +232,6 @@ def fresh_process_main() -> None:
         out.flush()
 
 
-__all__ = ["BUDGET_S", "ROUNDS", "SETTLE_S", "Call", "Cells", "Subjects", "alone_medians",
+__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "Call", "Cells", "Subjects", "alone_medians",
            "block_median", "fresh_process_main", "fresh_process_medians", "interleaved_medians", "kept_worker",
            "open_subject", "session_calls"]

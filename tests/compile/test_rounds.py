@@ -30,7 +30,7 @@ def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
     assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
     assert 200 <= medians["alone a"]["a", "s"] < 20000
     slow = {"c": {("a", "s"): sleeper(20_000)}}
-    _, rounds = interleaved_medians(slow, rounds=5, budget_s=0.01)
+    _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
     assert rounds == 1, "no round starts once the budget is spent, but one always runs"
 
 

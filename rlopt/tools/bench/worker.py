@@ -23,10 +23,10 @@ from rlopt.errors import RloptError, describe_exception
 from rlopt.manifest import read_manifest
 from rlopt.reference import Reference
 from rlopt.machine import usable_core_ids
-from rlopt.timing import BLOCK_CALLS
 from rlopt.tools.bench.candidates import OPENERS, Call, CandidateSpec, OpenCandidate, count_gflop, load_reference
 
 WARMUP_CALLS = 5  # untimed calls per candidate and shape before any timed block
+BLOCK_CALLS = 8  # calls per block, the first untimed
 
 WORKER_CODE = ("import sys; from rlopt.tools.bench.worker import worker_entry; "
                "worker_entry(int(sys.argv[1]), int(sys.argv[2]))")
