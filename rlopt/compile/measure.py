@@ -22,8 +22,8 @@ from rlopt.machine import OtherLoad, usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
-from rlopt.compile.rounds import (ROUNDS, Cells, Subjects, fresh_process_medians, interleaved_medians, open_subject,
-                                  session_calls)
+from rlopt.compile.rounds import (ROUNDS, Cells, Subjects, fresh_process_medians, interleaved_medians,
+                                  open_subject, subject_cells)
 from rlopt.runtime import ranked_backends, unbucketed_p50
 from rlopt.runtime.routes import NOISE, OTHER, Table, choose_route
 from rlopt.timing import LatencyStats, measure
@@ -180,10 +180,11 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
             update = {"allow_spinning": False} if backend == "onnxruntime" else {}
             opened.append(open_subject(ctx.staging, record, backend, {**facts, **update}))
             together[key] = opened[-1]
-        configurations: dict[str, Cells] = {f"alone {k}": {(k, label): call for label, call in session_calls(
-            together[k], backend, record, ctx.reference, labels).items()} for k, (backend, _) in here.items()}
-        configurations["together"] = {(k, label): call for k, (backend, _) in subjects.items() for label, call in
-                                      session_calls(together[k], backend, record, ctx.reference, labels).items()}
+        def cells_of(k: str) -> Cells:  # a Session of its own for each configuration, as the runtime opens them
+            return subject_cells(k, together[k], subjects[k][0], record, ctx.reference, labels)
+
+        configurations: dict[str, Cells] = {f"alone {k}": cells_of(k) for k in here}
+        configurations["together"] = {cell: call for k in subjects for cell, call in cells_of(k).items()}
         medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
     finally:
         for runner in opened:

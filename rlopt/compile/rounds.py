@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,12 @@ def session_calls(runner: Runner, name: str, record: NetworkRecord, reference: R
         infer = {**runner.parity_variants(), **runner.gated_variants()}.get(variant) if variant else None
         calls[OTHER] = (lambda: infer(feeds)) if infer is not None else (lambda: session.run(feeds))
     return calls
+
+
+def subject_cells(key: str, runner: Runner, backend: str, record: NetworkRecord, reference: Reference,
+                  labels: dict[str, str]) -> Cells:
+    """`session_calls` as the cells of subject `key`: one (key, shape label) cell per label."""
+    return {(key, label): call for label, call in session_calls(runner, backend, record, reference, labels).items()}
 
 
 def block_median(call: Call, count: int) -> float:
@@ -115,8 +121,7 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
         configurations: dict[str, Cells] = {}
         for key, (backend, facts) in subjects.items():
             opened.append(open_subject(staging, record, backend, facts))
-            configurations[f"alone {key}"] = {(key, label): call for label, call in
-                                              session_calls(opened[-1], backend, record, reference, labels).items()}
+            configurations[f"alone {key}"] = subject_cells(key, opened[-1], backend, record, reference, labels)
         medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
     finally:
         for runner in opened:
@@ -158,9 +163,7 @@ class _Worker:
         except OSError:
             line = ""
         if not line:
-            process.kill()
-            process.wait()
-            cls.process = None
+            cls.close()
             return {"error": "it exited or did not answer" if ready else f"no answer in {FRESH_TIMEOUT_S:g} s"}
         return dict(json.loads(line))
 
@@ -170,7 +173,8 @@ class _Worker:
         if process is None:
             return
         assert process.stdin is not None and process.stdout is not None
-        process.stdin.close()
+        with suppress(OSError):  # a worker that died leaves a broken pipe behind
+            process.stdin.close()
         process.kill()  # it holds nothing to flush; its interpreter's shutdown took 0.1-0.2 s of the compile
         process.wait()
         process.stdout.close()
@@ -234,4 +238,4 @@ def fresh_process_main() -> None:
 
 __all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "Call", "Cells", "Subjects", "alone_medians",
            "block_median", "fresh_process_main", "fresh_process_medians", "interleaved_medians", "kept_worker",
-           "open_subject", "session_calls"]
+           "open_subject", "session_calls", "subject_cells"]
