@@ -90,7 +90,7 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
         record = manifest.network(network, model_dir)
         plan = recorded_plan(record, usable_backends(manifest, model_dir, network))
         routes, fallback = plan.routes, plan.fallback
-        ort = {"allow_spinning": plan.onnxruntime_spinning}
+        ort = {"allow_spinning": plan.onnxruntime_spinning, "adaptive_threads": True}
         if plan.onnxruntime_threads:
             ort["intra_op_threads"] = plan.onnxruntime_threads
     else:

@@ -83,3 +83,13 @@ def test_a_mixed_route_runs_ort_without_spinning_and_a_single_one_with(tiny_copy
     assert _ort_options(rlopt.load(tiny_copy, "policy")).intra_op_num_threads == 1
     assert _ort_options(rlopt.load(tiny_copy, "policy", backend="onnxruntime")).intra_op_num_threads == default_threads
     assert _ort_spins(rlopt.load(tiny_copy, "policy", backend="onnxruntime"))
+
+
+def test_auto_serves_onnx_runtime_from_both_thread_configurations_and_a_named_backend_from_one(tiny_copy: Path) -> None:
+    from rlopt.machine import usable_cores
+
+    everywhere = dict.fromkeys(["1x1x32", "2x3x32", "4x6x32", "other"], "onnxruntime")
+    _record_route(tiny_copy, everywhere, spinning=True, threads=1)
+    sessions = rlopt.load(tiny_copy, "policy")._gen.runners["onnxruntime"]._sessions
+    assert list(sessions) == (["1 thread", "default pool"] if usable_cores() > 1 else [])
+    assert not rlopt.load(tiny_copy, "policy", backend="onnxruntime")._gen.runners["onnxruntime"]._sessions

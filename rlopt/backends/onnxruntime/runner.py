@@ -1,7 +1,9 @@
-"""Runner for `model.onnx`: one ONNX Runtime session with exactly the providers the build proved."""
+"""Runner for `model.onnx`: one ONNX Runtime session with exactly the providers the build proved (two, one thread
+and the default pool, where `auto` asks for adaptive threads: adaptive.py)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -9,8 +11,16 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends.base import BoundCall, Runner
+from rlopt.backends.onnxruntime.adaptive import SwitchLog, ThreadChoice
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.backends.onnxruntime.session import make_session
+from rlopt.machine import usable_cores
+
+ONE_THREAD, POOL = "1 thread", "default pool"
+
+
+def adaptive_allowed() -> bool:
+    return os.environ.get("RLOPT_ORT_ADAPTIVE", "1") != "0" and usable_cores() > 1
 
 
 class OnnxRuntimeRunner(Runner):
@@ -18,10 +28,19 @@ class OnnxRuntimeRunner(Runner):
         facts = OnnxRuntimeFacts.of(facts)
         self.input_names = input_names
         # allow_spinning is False when `auto` has this session share the cores with TVM's pool
+        spinning = False if facts.allow_spinning is False else None
         self._session = make_session(path, threads=facts.intra_op_threads, providers=facts.session_providers,
-                                     spinning=False if facts.allow_spinning is False else None)
+                                     spinning=spinning)
         self._output_names = [o.name for o in self._session.get_outputs()]
         self._cpu_only = facts.session_providers == [CPU_PROVIDER]
+        self._sessions: dict[str, Any] = {}
+        self._switches = SwitchLog()
+        if facts.adaptive_threads and self._cpu_only and facts.intra_op_threads in (None, 1) and adaptive_allowed():
+            one = facts.intra_op_threads == 1
+            other = make_session(path, threads=None if one else 1, providers=facts.session_providers,
+                                 spinning=spinning)
+            self._sessions = {ONE_THREAD: self._session, POOL: other} if one else \
+                {POOL: self._session, ONE_THREAD: other}
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return list(self._session.run(self._output_names, feeds))
@@ -30,15 +49,39 @@ class OnnxRuntimeRunner(Runner):
         """The session's C++ `run` on the caller's own feeds, straight from the Session's hot path:
         `InferenceSession.run` re-validates the feed names and wraps provider fallback on every call (~3 us of 12
         at batch 1 of a small MLP), which a checked signature does not need; a CPU-only session has no provider to
-        fall back from. Generated straight-line code builds the output dict (`dict(zip(...))` cost 0.3 us more)."""
+        fall back from. Generated straight-line code builds the output dict (`dict(zip(...))` cost 0.3 us more).
+        With two sessions, a ThreadChoice of this thread and signature picks the one that runs."""
         native = getattr(self._session, "_sess", None)
         if not self._cpu_only or native is None or len(output_names) != len(self._output_names):
             return None
         namespace: dict[str, Any] = {"run": native.run, "fetched": self._output_names}
         namespace.update({f"n{k}": name for k, name in enumerate(output_names)})
         named = ", ".join(f"n{k}: out[{k}]" for k in range(len(output_names)))
-        exec(f"def call(feeds, arrays):\n    out = run(fetched, feeds, None)\n    return {{{named}}}", namespace)
-        return namespace["call"]  # type: ignore[no-any-return]
+        returned = f"        return {{{named}}}\n"
+        if not self._sessions:
+            exec(f"def call(feeds, arrays):\n    out = run(fetched, feeds, None)\n{returned[4:]}", namespace)
+            return namespace["call"]  # type: ignore[no-any-return]
+        runs = {name: session._sess.run for name, session in self._sessions.items()}
+        label = "-".join("x".join(map(str, shape)) for shape, _ in signature)
+        namespace["choice"] = ThreadChoice(runs, next(iter(runs)), label, self._switches.report)
+        # the countdown and the serving run live in closure cells: a cell is cheaper to read than an attribute
+        exec("def make():\n"
+             "    left, run = choice.left, choice.run\n"
+             "    def call(feeds, arrays):\n"
+             "        nonlocal left, run\n"
+             "        left -= 1\n"
+             "        if left < 0:\n"
+             "            out = choice.look(fetched, feeds)\n"
+             "            left, run = choice.left, choice.run\n"
+             "        else:\n"
+             "            out = run(fetched, feeds, None)\n"
+             f"{returned}"
+             "    return call\n", namespace)
+        return namespace["make"]()  # type: ignore[no-any-return]
+
+    def events(self) -> list[dict[str, Any]]:
+        return list(self._switches.events)
 
     def close(self) -> None:
         self._session = None
+        self._sessions = {}
