@@ -86,12 +86,15 @@ def test_an_adaptive_runner_opens_both_sessions_and_serves_the_same_answers(tmp_
 
 
 @pytest.mark.usefixtures("two_cores")
-def test_one_session_when_turned_off_on_one_core_or_with_other_threads(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_session_when_turned_off_too_large_on_one_core_or_with_other_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not _runner(tmp_path)._sessions, "only auto asks for it"
     assert not _runner(tmp_path, adaptive_threads=True, intra_op_threads=3)._sessions
     monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", "0")
     assert not _runner(tmp_path, adaptive_threads=True)._sessions
     monkeypatch.delenv("RLOPT_ORT_ADAPTIVE")
+    monkeypatch.setattr("rlopt.backends.onnxruntime.runner.ADAPTIVE_MAX_BYTES", len(_model_bytes()) - 1)
+    assert not _runner(tmp_path, adaptive_threads=True)._sessions, "a graph too large to hold twice"
+    monkeypatch.undo()
     monkeypatch.setattr("rlopt.backends.onnxruntime.runner.usable_cores", lambda: 1)
     assert not _runner(tmp_path, adaptive_threads=True)._sessions

@@ -17,10 +17,12 @@ from rlopt.backends.onnxruntime.session import make_session
 from rlopt.machine import usable_cores
 
 ONE_THREAD, POOL = "1 thread", "default pool"
+ADAPTIVE_MAX_BYTES = 256 << 20  # a larger graph is not held twice in memory
 
 
-def adaptive_allowed() -> bool:
-    return os.environ.get("RLOPT_ORT_ADAPTIVE", "1") != "0" and usable_cores() > 1
+def adaptive_allowed(path: Path) -> bool:
+    return (os.environ.get("RLOPT_ORT_ADAPTIVE", "1") != "0" and usable_cores() > 1
+            and path.stat().st_size <= ADAPTIVE_MAX_BYTES)
 
 
 class OnnxRuntimeRunner(Runner):
@@ -35,7 +37,8 @@ class OnnxRuntimeRunner(Runner):
         self._cpu_only = facts.session_providers == [CPU_PROVIDER]
         self._sessions: dict[str, Any] = {}
         self._switches = SwitchLog()
-        if facts.adaptive_threads and self._cpu_only and facts.intra_op_threads in (None, 1) and adaptive_allowed():
+        if facts.adaptive_threads and self._cpu_only and facts.intra_op_threads in (None, 1) and \
+                adaptive_allowed(Path(path)):
             one = facts.intra_op_threads == 1
             other = make_session(path, threads=None if one else 1, providers=facts.session_providers,
                                  spinning=spinning)
