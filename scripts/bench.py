@@ -43,9 +43,12 @@ DOC = ROOT / "docs" / "benchmarks.md"
 RUNS, ROUNDS, QUICK_ROUNDS = 3, 40, 12
 
 
-def bench_once(model: Model, rounds: int) -> tuple[dict[str, Any] | None, str | None]:
-    """One `rlopt bench` of the model in a fresh process (this script's --one): its report, or why there is none."""
+def bench_once(model: Model, rounds: int, seed: int | None) -> tuple[dict[str, Any] | None, str | None]:
+    """One `rlopt bench` of the model in a fresh process (this script's --one): its report, or why there is none.
+    Without a seed the process draws its own (recorded in the report): the runs' round orders are independent."""
     command = [sys.executable, str(Path(__file__).resolve()), "--one", str(model.model_dir), "--rounds", str(rounds)]
+    if seed is not None:
+        command += ["--seed", str(seed)]
     if model.recipe is not None:
         command += ["--recipe", str(model.recipe)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
@@ -59,11 +62,11 @@ def bench_once(model: Model, rounds: int) -> tuple[dict[str, Any] | None, str | 
         return None, f"bench printed no report: {last[:200]!r}"
 
 
-def one(model_dir: Path, recipe: Path | None, rounds: int) -> int:
+def one(model_dir: Path, recipe: Path | None, rounds: int, seed: int | None) -> int:
     """`--one`: the protocol's candidate set on every network of MODEL_DIR, the report as JSON on stdout."""
     from rlopt.tools.bench import run_bench
 
-    report = run_bench(model_dir, recipe=recipe, rounds=rounds, protocol=True, torch_compile=False,
+    report = run_bench(model_dir, recipe=recipe, rounds=rounds, protocol=True, torch_compile=False, seed=seed,
                        progress=lambda line: print(f"[bench]   {line}", file=sys.stderr))
     print(report.model_dump_json())
     return 0
@@ -137,24 +140,29 @@ def refit_latency_markdown(latency: dict[str, Any] | None) -> str:
              f"Per shape, {latency.get('runs', 1)} runs of {latency['rounds']} interleaved rounds, each candidate in its "
              f"own process (fresh processes each run); ratios paired per round, median over rounds, then median over "
              f"runs. Within = refitted / fresh1 lies between 1 and fresh2 / fresh1 (within 5%: that interval "
-             f"widened by the protocol's 5% tolerance). Passed (none outside): {'yes' if latency['passed'] else 'no'}."
+             f"widened by the protocol's 5% tolerance). Passed (none outside): {'yes' if latency['passed'] else 'no'}. "
+             f"Files unlike fresh1: the artifact's files (with TVM's per-shape libraries and params) whose sha256 in the "
+             f"refitted MODEL_DIR differs from fresh1's; none means both run the same bytes at these shapes, so their "
+             f"gap is the measurement's noise (TVM's dynamic library serves no profile shape)."
              + "".join(f" {name}: {', '.join(record['not_compared'])} not built, not compared."
                        for name, record in latency["networks"].items() if record.get("not_compared")), "",
-             "| network | backend | shape | fresh1 us | refitted / fresh1 | per run | fresh2 / fresh1 | per run | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| network | backend | shape | fresh1 us | refitted / fresh1 | per run | fresh2 / fresh1 | per run | verdict "
+             "| files unlike fresh1 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for network, record in latency["networks"].items():
         for shape in record["shapes"]:
             dims = "x".join(str(d) for dims in shape["shape"].values() for d in dims)
             for row in shape["backends"]:
                 if "refit_over_fresh1" not in row:
                     lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | | | | | | "
-                                 f"{row['verdict']} |")
+                                 f"{row['verdict']} | |")
                     continue
                 per_run = {key: " ".join(f"{x:.2f}" for x in row.get(f"{key}_runs", [])) for key in
                            ("refit_over_fresh1", "fresh2_over_fresh1")}
                 lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | {row['fresh1_us']:.1f} | "
                              f"{row['refit_over_fresh1']:.3f} | {per_run['refit_over_fresh1']} | "
-                             f"{row['fresh2_over_fresh1']:.3f} | {per_run['fresh2_over_fresh1']} | {row['verdict']} |")
+                             f"{row['fresh2_over_fresh1']:.3f} | {per_run['fresh2_over_fresh1']} | {row['verdict']} | "
+                             f"{', '.join(row.get('files_unlike_fresh1', [])) or 'none'} |")
     return "\n".join(lines)
 
 
@@ -170,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=DOC, help="the Markdown file to rewrite")
     parser.add_argument("--no-doc", action="store_true", help="write only --out")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the compiled MODEL_DIRs here")
+    parser.add_argument("--seed", type=int, default=None, help="replay a run's round orders: run r of every model "
+                        "uses SEED + r (default: each bench draws its own, recorded in its report)")
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--recipe", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -178,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if runs < 1 or rounds < 1:
         parser.error(f"--runs {runs} / --rounds {rounds}: both must be >= 1")
     if args.one is not None:
-        return one(args.one, args.recipe, rounds)
+        return one(args.one, args.recipe, rounds, args.seed)
     names = args.models or (QUICK if args.quick else known_models())
     unknown = [n for n in names if n not in known_models()]
     if unknown:
@@ -205,7 +215,7 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
                 if model.compile_error and not (model.model_dir / "manifest.json").is_file():
                     continue
                 print(f"[bench] run {run + 1}/{runs}: {model.name}", file=sys.stderr)
-                report, error = bench_once(model, rounds)
+                report, error = bench_once(model, rounds, None if args.seed is None else args.seed + run)
                 if report is not None:
                     reports[model.name].append(report)
                 else:
@@ -223,7 +233,7 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),
         "machine_line": machine_line(), "load_average_at_start": load_start,
         "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-        "protocol": {"runs": runs, "rounds": rounds, "quick": bool(args.quick)}, "limits": limits,
+        "protocol": {"runs": runs, "rounds": rounds, "quick": bool(args.quick), "seed": args.seed}, "limits": limits,
         "models": model_json, "rows": rows, "default_policy_spread": default_policy_spread(rows),
         "refit": refit, "refit_markdown": refit_markdown, "seconds": round(time.perf_counter() - started, 1)}
     tmp = args.out.with_name(f".{args.out.name}.tmp")

@@ -193,6 +193,21 @@ def measure_refit_latency(recipe: Path | str, work_dir: Path | str, rounds: int 
     return compare_latency(sides, backends, rounds, runs)
 
 
+def files_unlike(manifests: dict[str, Any], network: str, backend: str, side: str = "fresh1") -> list[str]:
+    """The files of `backend`'s artifact (itself and what loads with it: TVM's per-shape libraries and params) whose
+    sha256 in the refitted MODEL_DIR differs from `side`'s. None listed: the refitted artifact runs the same bytes,
+    so a latency gap between the two is the measurement's noise."""
+    from rlopt.backends import facts_of
+
+    def files(manifest: Any) -> dict[str, str]:
+        record = manifest.networks[network].artifacts[backend]
+        refs = facts_of(backend, record.facts).companion_files()
+        return {record.path: record.sha256, **{ref.path: ref.sha256 for ref in refs}}
+
+    refitted, other = files(manifests["refitted"]), files(manifests[side])
+    return sorted(Path(path).name for path in set(refitted) | set(other) if refitted.get(path) != other.get(path))
+
+
 def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int, runs: int = 3) -> dict[str, Any]:
     """The bench half of the latency check: `sides` names the MODEL_DIRs 'refitted', 'fresh1' and 'fresh2'; each
     network is benched `runs` times, every time in fresh processes."""
@@ -211,9 +226,13 @@ def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int, ru
         benches = [run_bench(sides["refitted"], network, rounds=rounds, protocol=True, torch_compile=False,
                              extra_candidates=extra).networks[0] for _ in range(runs)]
         bench = benches[0]
+        unlike = {backend: files_unlike(manifests, network, backend) for backend in built}
         networks[network] = {
             "shapes": [{"point": shape.point, "shape": shape.shape, "rounds": shape.rounds,
-                        "backends": latency_verdicts([b.shapes[index].round_medians_us for b in benches], built)}
+                        "backends": [row | ({"files_unlike_fresh1": unlike[row["backend"]]} if row["backend"] in unlike
+                                            else {})
+                                     for row in latency_verdicts([b.shapes[index].round_medians_us for b in benches],
+                                                                 built)]}
                        for index, shape in enumerate(bench.shapes)],
             "not_compared": [backend for backend in backends if backend not in built],
             "skipped": [skip.model_dump() for skip in bench.skipped if skip.candidate in {s.name for s in extra}]}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from bench_refit import latency_verdicts  # noqa: E402
+from bench_refit import files_unlike, latency_verdicts  # noqa: E402
 
 
 def _rounds(refitted: list[float], fresh1: list[float], fresh2: list[float]) -> list[dict[str, list[float]]]:
@@ -45,3 +45,21 @@ def test_one_stalled_run_moves_its_ratio_but_not_the_median_over_runs() -> None:
     assert row["fresh2_over_fresh1"] == 1.02 and row["verdict"] == "within"
     (alone,) = latency_verdicts(runs[1:2], ["tvm"])
     assert alone["verdict"] == "outside"
+
+
+def test_the_files_unlike_a_fresh_compile_are_named_by_sha256_with_what_loads_with_the_artifact(
+        tiny_compiled: Path) -> None:
+    from rlopt.backends.tvm.facts import TvmFacts
+    from rlopt.manifest import read_manifest
+
+    refitted = read_manifest(tiny_compiled)
+    fresh = refitted.model_copy(deep=True)
+    assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm") == []
+    tvm = fresh.networks["policy"].artifacts["tvm"]
+    params = TvmFacts.of(tvm.facts).params
+    assert params is not None
+    tvm.facts["params"]["file"]["sha256"] = "0" * 64
+    fresh.networks["policy"].artifacts["onnxruntime"].sha256 = "1" * 64
+    assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm") == [Path(params.file.path).name]
+    assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "onnxruntime") == ["model.onnx"]
+    assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "torchscript") == []

@@ -56,6 +56,7 @@ def test_every_backend_and_the_eager_baseline_from_the_recipe(tiny_compiled: Pat
     # FLOPs are counted (2 * rows * (32*16 + 16*16 + 16*5) for the policy MLP), so GFLOP/s is reported
     assert network.shapes[0].gflop == pytest.approx(2 * 1 * (32 * 16 + 16 * 16 + 16 * 5) / 1e9)
     assert all(r.gflops_per_s and r.gflops_per_s > 0 for r in network.shapes[0].results)
+    assert policy_bench.seed is not None and 0 <= policy_bench.seed < 2 ** 31, "a drawn seed, recorded to replay"
 
 
 def test_a_recipe_for_another_model_is_one_line_exit_2(tiny_compiled: Path, tmp_path: Path) -> None:

@@ -73,6 +73,9 @@ def test_rounds_shuffle_blocks_and_drop_failing_candidates() -> None:
     again: list[str] = []
     time_interleaved({n: FakeRunner(n, again) for n in "abc"}, budget_s=0.0, min_rounds=3, max_rounds=3)
     assert again == log, "the order is seeded: runs are repeatable"
+    other: list[str] = []
+    time_interleaved({n: FakeRunner(n, other) for n in "abc"}, budget_s=0.0, min_rounds=3, max_rounds=3, seed=[7, 0])
+    assert sorted(other) == sorted(log) and other != log, "another seed, another order: runs are independent"
 
 
 def test_a_runner_that_dies_mid_rounds_is_dropped_and_the_others_go_on() -> None:

@@ -17,6 +17,7 @@ Reported (`analysis`): median and p99 of single calls, and median / (best ONNX R
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -54,7 +55,8 @@ EXIT_TIMEOUT_S = 5.0  # after "exit", before a worker is terminated, then killed
 
 METHOD = ("each candidate in its own worker process (a fresh interpreter), the parent driving interleaved rounds: "
           f"per round each worker in turn runs a block of {BLOCK_CALLS} back-to-back calls, the first untimed, "
-          "while the others are frozen (SIGSTOP); order shuffled each round (seeded); "
+          "while the others are frozen (SIGSTOP); order shuffled each round (from the report's seed, a new one "
+          "per run unless given, per network and shape); "
           f"{WARMUP_CALLS} untimed warmup calls per candidate and shape first; median and p99 of single calls; "
           "ratio = median / best ONNX Runtime median at that shape")
 
@@ -212,12 +214,15 @@ def stop_all(workers: Sequence[Worker]) -> None:
 
 
 def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_rounds: int = MIN_ROUNDS,
-                     max_rounds: int = MAX_ROUNDS) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, str]]:
+                     max_rounds: int = MAX_ROUNDS, seed: int | Sequence[int] = 0
+                     ) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, str]]:
     """Warm every runner, then rounds of one block per runner (order shuffled each round) for `budget_s`; ns samples.
 
     Shuffled, not rotated: a rotation keeps each runner's predecessor fixed, and on 2 cores the predecessor's
     cache and pool state biased the next runner (two identical TVM sessions: 390 vs 234 us at the default
-    policy's max shape when rotated, 223 vs 220 us shuffled).
+    policy's max shape when rotated, 223 vs 220 us shuffled). `seed` fixes the order; runs meant to be independent
+    need seeds of their own (one seed for every run repeated each round's order, and with it each candidate's
+    predecessors: the identical refitted and fresh ONNX Runtime files read 1.06-1.11x apart in 5 of 6 runs).
 
     Rounds go on until the budget is spent, at least `min_rounds` and at most `max_rounds`. A block is
     BLOCK_CALLS back-to-back calls, its first untimed (it absorbs the wake-up and the previous candidate's
@@ -240,7 +245,7 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
     samples: dict[str, list[np.ndarray]] = {name: [] for name in live}
     deadline = time.perf_counter() + budget_s
     rounds = 0
-    order = np.random.default_rng(0)
+    order = np.random.default_rng(seed)
     while live and rounds < max_rounds and (rounds < min_rounds or time.perf_counter() < deadline):
         for name in [live[i] for i in order.permutation(len(live))]:
             try:
@@ -265,7 +270,7 @@ def flop_counter(workers: list[Worker]) -> Worker | None:
 def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None, budget_s: float,
                   progress: Callable[[str], None], torch_compile: bool = True, cores: int = 0,
                   extra_candidates: Sequence[CandidateSpec] = (), rounds: int | None = None,
-                  protocol: bool = False, count_flops: bool = True) -> NetworkBench:
+                  protocol: bool = False, count_flops: bool = True, seed: Sequence[int] = (0,)) -> NetworkBench:
     record = manifest.network(network, model_dir)
     reference = load_reference(model_dir, record)
     skipped: list[Skip] = []
@@ -297,7 +302,7 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
                 notes[name] = f"the nn.Module from {worker.source}"
             if worker.spec.backend == "auto" and info.backend not in (None, "auto"):
                 notes[name] += f" (resolved to {info.backend})"
-        for point in profile_points(reference):
+        for index, point in enumerate(profile_points(reference)):
             shape = reference.shape(point)
             progress(f"{network}: {point} {shape}: {len(live)} candidates, "
                      + (f"{rounds} rounds" if rounds else f"~{budget_s:g} s"))
@@ -305,7 +310,8 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
             for worker in live:
                 worker.at(point, worker is counter)
             bounds = {"min_rounds": rounds, "max_rounds": rounds} if rounds else {}
-            samples, first_ms, failures = time_interleaved({w.spec.name: w for w in live}, budget_s, **bounds)
+            samples, first_ms, failures = time_interleaved({w.spec.name: w for w in live}, budget_s, **bounds,
+                                                           seed=[*seed, index])
             for worker in [w for w in live if w.spec.name in failures]:
                 skipped.append(Skip(candidate=worker.spec.name,
                                     reason=f"failed at {point} {shape}: {failures[worker.spec.name]}"))
@@ -325,14 +331,16 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
 def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | str | None = None, *,
               budget_s: float = DEFAULT_BUDGET_S, progress: Callable[[str], None] | None = None,
               torch_compile: bool = True, extra_candidates: Sequence[CandidateSpec] = (),
-              rounds: int | None = None, protocol: bool = False, count_flops: bool = True) -> BenchReport:
+              rounds: int | None = None, protocol: bool = False, count_flops: bool = True,
+              seed: int | None = None) -> BenchReport:
     """Bench one network (or all) of a MODEL_DIR; see the module docstring for what is compared and how.
 
     `torch_compile=False` leaves torch.compile out (its first compile takes many seconds); tests use it.
     `extra_candidates` are benched beside the built-in ones, for every network (tests inject failing ones).
     `rounds`: exactly that many interleaved rounds per shape instead of a time budget. `protocol`: the
     candidate set scripts/bench.py's protocol reads (candidates.candidate_specs). `count_flops=False` leaves
-    GFLOP and GFLOP/s out: torch's FlopCounterMode imports torch._dynamo on first use (about 2 s).
+    GFLOP and GFLOP/s out: torch's FlopCounterMode imports torch._dynamo on first use (about 2 s). `seed` orders
+    the rounds (default: a new one, recorded in the report, so two runs are independent and one can be replayed).
     """
     from rlopt.compile import tool_versions
 
@@ -346,18 +354,20 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
         raise UsageError(f"rounds {rounds}: must be >= 1 interleaved rounds per shape; fix: e.g. 30")
     if not budget_s > 0:
         raise UsageError(f"--budget {budget_s}: must be > 0 seconds per shape; fix: e.g. --budget 2")
+    seed = secrets.randbits(31) if seed is None else int(seed)
     cores = usable_core_ids()
     load_start = load_average()
     names = [network] if network else list(manifest.networks)
     results = [bench_network(model_dir, manifest, name, Path(recipe) if recipe else None, budget_s,
                              progress or (lambda _: None), torch_compile, len(cores), extra_candidates, rounds,
-                             protocol, count_flops)
-               for name in names]
+                             protocol, count_flops, (seed, number))
+               for number, name in enumerate(names)]
     threads = {"usable_cores": len(cores), "torch_threads": torch_threads(results)}
     machine = machine_facts() | {"threads": threads, "load_average_start": load_start,
                                  "load_average_end": load_average()}
     return BenchReport(created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), model_dir=str(model_dir),
-                       budget_s=budget_s, method=METHOD, machine=machine, versions=tool_versions(), networks=results,
+                       budget_s=budget_s, method=METHOD, seed=seed, machine=machine, versions=tool_versions(),
+                       networks=results,
                        warnings=affinity_warnings(results, cores))
 
 

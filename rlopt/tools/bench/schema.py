@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import Field, BaseModel
 
 from rlopt.tools.report import ToolReport
 
@@ -58,6 +58,7 @@ class BenchReport(ToolReport):
     kind: str = "rlopt-bench"
     budget_s: float
     method: str
+    seed: int | None = Field(None, description="the seed the rounds' order came from (run_bench's `seed`)")
     isolation: str = "process"
     machine: dict[str, Any]
     versions: dict[str, str | None]
