@@ -78,6 +78,11 @@ class ArtifactFacts(Facts):
         """Files that travel with the artifact and are loaded with it (checked like it); none by default."""
         return []
 
+    def files_serving(self, point: str) -> list[FileRef] | None:
+        """The companion files that alone compute named point `point`, or None: the artifact itself (and every
+        companion) serves it. How refit's latency check tells which bytes a timing at a shape ran."""
+        return None
+
     def gate_passed(self, variant: str) -> bool:
         """Whether compile's parity gate passed `variant` (variant_parity.<variant>.passed)."""
         verdict = self.variant_parity.get(variant)

@@ -140,10 +140,12 @@ def refit_latency_markdown(latency: dict[str, Any] | None) -> str:
              f"Per shape, {latency.get('runs', 1)} runs of {latency['rounds']} interleaved rounds, each candidate in its "
              f"own process (fresh processes each run); ratios paired per round, median over rounds, then median over "
              f"runs. Within = refitted / fresh1 lies between 1 and fresh2 / fresh1 (within 5%: that interval "
-             f"widened by the protocol's 5% tolerance). Passed (none outside): {'yes' if latency['passed'] else 'no'}. "
-             f"Files unlike fresh1: the artifact's files (with TVM's per-shape libraries and params) whose sha256 in the "
-             f"refitted MODEL_DIR differs from fresh1's; none means both run the same bytes at these shapes, so their "
-             f"gap is the measurement's noise (TVM's dynamic library serves no profile shape)."
+             f"widened by the protocol's 5% tolerance). Files unlike fresh1: those that compute the shape (TVM: the "
+             f"shape's own library and the params; else the artifact and what loads with it) whose sha256 differs "
+             f"between the refitted MODEL_DIR and fresh1, and the facts that configure the runner that differ; where "
+             f"there are none the verdict is 'same bytes' (the timing's own verdict in parentheses: the protocol's noise, "
+             f"since identical code at one shape cannot be slower than itself). Passed (nothing outside): "
+             f"{'yes' if latency['passed'] else 'no'}."
              + "".join(f" {name}: {', '.join(record['not_compared'])} not built, not compared."
                        for name, record in latency["networks"].items() if record.get("not_compared")), "",
              "| network | backend | shape | fresh1 us | refitted / fresh1 | per run | fresh2 / fresh1 | per run | verdict "
@@ -159,10 +161,11 @@ def refit_latency_markdown(latency: dict[str, Any] | None) -> str:
                     continue
                 per_run = {key: " ".join(f"{x:.2f}" for x in row.get(f"{key}_runs", [])) for key in
                            ("refit_over_fresh1", "fresh2_over_fresh1")}
+                verdict = row["verdict"] + (f" (timing: {row['timing_verdict']})" if "timing_verdict" in row else "")
+                unlike = ", ".join(row.get("files_unlike_fresh1", [])) or "none"
                 lines.append(f"| {network} | {row['backend']} | {shape['point']} {dims} | {row['fresh1_us']:.1f} | "
                              f"{row['refit_over_fresh1']:.3f} | {per_run['refit_over_fresh1']} | "
-                             f"{row['fresh2_over_fresh1']:.3f} | {per_run['fresh2_over_fresh1']} | {row['verdict']} | "
-                             f"{', '.join(row.get('files_unlike_fresh1', [])) or 'none'} |")
+                             f"{row['fresh2_over_fresh1']:.3f} | {per_run['fresh2_over_fresh1']} | {verdict} | {unlike} |")
     return "\n".join(lines)
 
 

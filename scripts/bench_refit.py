@@ -14,8 +14,10 @@ both fresh ones' backends as extra candidates, repeated `--latency-runs` times i
 profile shape it reports refitted / fresh1 and fresh2 / fresh1 (paired per round, median over rounds, then median
 over runs, each run's ratio listed) and a verdict: "within" when refitted / fresh1 lies in
 [min(1, spread), max(1, spread)], the spread being fresh2 / fresh1; "within 5%" when it lies in that interval
-widened by the bench protocol's TOLERANCE (1.05, rlopt.tools.bench.protocol); else "outside". The check passes
-when no backend is outside at any shape. Backends not built in all three MODEL_DIRs (TensorRT without a GPU)
+widened by the bench protocol's TOLERANCE (1.05, rlopt.tools.bench.protocol); else "outside". Each row also names
+the files that compute the shape and differ between the refitted MODEL_DIR and fresh1 (`files_unlike`); with none,
+the verdict is "same bytes" and the timing's own verdict is kept beside it. The check passes when no backend is
+outside at any shape. Backends not built in all three MODEL_DIRs (TensorRT without a GPU)
 are listed as not compared.
 
 usage: python scripts/bench_refit.py [--runs 3] [--latency-rounds 8] [--latency-runs 3] [--latency-only] [--work-dir DIR]
@@ -193,19 +195,44 @@ def measure_refit_latency(recipe: Path | str, work_dir: Path | str, rounds: int 
     return compare_latency(sides, backends, rounds, runs)
 
 
-def files_unlike(manifests: dict[str, Any], network: str, backend: str, side: str = "fresh1") -> list[str]:
-    """The files of `backend`'s artifact (itself and what loads with it: TVM's per-shape libraries and params) whose
-    sha256 in the refitted MODEL_DIR differs from `side`'s. None listed: the refitted artifact runs the same bytes,
-    so a latency gap between the two is the measurement's noise."""
+def files_unlike(manifests: dict[str, Any], network: str, backend: str, point: str | None = None,
+                 side: str = "fresh1") -> list[str]:
+    """The files of `backend`'s artifact (itself and what loads with it: TVM's per-shape libraries and params; at
+    `point`, only those that compute it: `ArtifactFacts.files_serving`) whose sha256 in the refitted MODEL_DIR
+    differs from `side`'s, then the facts that configure its runner (all but measurements: `*_us`, `*_parity`) that
+    differ. None listed: at that shape both run the same bytes the same way."""
     from rlopt.backends import facts_of
 
     def files(manifest: Any) -> dict[str, str]:
         record = manifest.networks[network].artifacts[backend]
-        refs = facts_of(backend, record.facts).companion_files()
-        return {record.path: record.sha256, **{ref.path: ref.sha256 for ref in refs}}
+        facts = facts_of(backend, record.facts)
+        serving = facts.files_serving(point) if point is not None else None
+        if serving is not None:
+            return {ref.path: ref.sha256 for ref in serving}
+        return {record.path: record.sha256, **{ref.path: ref.sha256 for ref in facts.companion_files()}}
+
+    def unhashed(value: Any) -> Any:  # a file's hash and size are compared as files above
+        if isinstance(value, dict):
+            return {k: unhashed(v) for k, v in value.items() if k not in ("sha256", "bytes")}
+        return [unhashed(v) for v in value] if isinstance(value, list) else value
+
+    def settings(manifest: Any) -> dict[str, Any]:  # how the runner is configured; measurements left out
+        facts = manifest.networks[network].artifacts[backend].facts
+        return {key: unhashed(value) for key, value in facts.items() if not key.endswith(("_us", "_parity"))}
 
     refitted, other = files(manifests["refitted"]), files(manifests[side])
-    return sorted(Path(path).name for path in set(refitted) | set(other) if refitted.get(path) != other.get(path))
+    ran, side_ran = settings(manifests["refitted"]), settings(manifests[side])
+    return sorted(Path(path).name for path in set(refitted) | set(other) if refitted.get(path) != other.get(path)) + \
+        sorted(f"facts.{key}" for key in set(ran) | set(side_ran) if ran.get(key) != side_ran.get(key))
+
+
+def same_bytes(row: dict[str, Any], unlike: list[str]) -> dict[str, Any]:
+    """`row` with the files unlike fresh1; where there are none, the verdict is "same bytes" (the timing's own
+    verdict kept as `timing_verdict`): no timing can make identical code at one shape slower than itself."""
+    row = {**row, "files_unlike_fresh1": unlike}
+    if not unlike and "refit_over_fresh1" in row:
+        row["timing_verdict"], row["verdict"] = row["verdict"], "same bytes"
+    return row
 
 
 def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int, runs: int = 3) -> dict[str, Any]:
@@ -226,11 +253,9 @@ def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int, ru
         benches = [run_bench(sides["refitted"], network, rounds=rounds, protocol=True, torch_compile=False,
                              extra_candidates=extra).networks[0] for _ in range(runs)]
         bench = benches[0]
-        unlike = {backend: files_unlike(manifests, network, backend) for backend in built}
         networks[network] = {
             "shapes": [{"point": shape.point, "shape": shape.shape, "rounds": shape.rounds,
-                        "backends": [row | ({"files_unlike_fresh1": unlike[row["backend"]]} if row["backend"] in unlike
-                                            else {})
+                        "backends": [same_bytes(row, files_unlike(manifests, network, row["backend"], shape.point))
                                      for row in latency_verdicts([b.shapes[index].round_medians_us for b in benches],
                                                                  built)]}
                        for index, shape in enumerate(bench.shapes)],
@@ -238,7 +263,7 @@ def compare_latency(sides: dict[str, Path], backends: list[str], rounds: int, ru
             "skipped": [skip.model_dump() for skip in bench.skipped if skip.candidate in {s.name for s in extra}]}
     verdicts = [row["verdict"] for n in networks.values() for shape in n["shapes"] for row in shape["backends"]]
     return {"backends": backends, "rounds": rounds, "runs": runs, "networks": networks,
-            "passed": bool(verdicts) and all(verdict.startswith("within") for verdict in verdicts),
+            "passed": bool(verdicts) and all(v.startswith("within") or v == "same bytes" for v in verdicts),
             "load_average": os.getloadavg()[0]}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from bench_refit import files_unlike, latency_verdicts  # noqa: E402
+from bench_refit import files_unlike, latency_verdicts, same_bytes  # noqa: E402
 
 
 def _rounds(refitted: list[float], fresh1: list[float], fresh2: list[float]) -> list[dict[str, list[float]]]:
@@ -63,3 +63,17 @@ def test_the_files_unlike_a_fresh_compile_are_named_by_sha256_with_what_loads_wi
     assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm") == [Path(params.file.path).name]
     assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "onnxruntime") == ["model.onnx"]
     assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "torchscript") == []
+    at_min = files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm", "min")
+    assert at_min == [Path(params.file.path).name], "the point's own library and the params, not the dynamic one"
+    fresh.networks["policy"].artifacts["tvm"].sha256 = "2" * 64
+    assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm", "min") == at_min
+    tvm.facts["num_threads"] = 7
+    tvm.facts["thread_latency_us"] = {"1x1x32": {"1": 1.0}}
+    assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm", "min") == [*at_min, "facts.num_threads"]
+
+
+def test_a_row_whose_files_equal_the_fresh_compiles_is_same_bytes_whatever_its_timing() -> None:
+    (row,) = latency_verdicts(_rounds([20.0, 20.0, 20.0], [10.0, 10.0, 10.0], [10.0, 10.0, 10.0]), ["tvm"])
+    assert row["verdict"] == "outside"
+    assert same_bytes(row, [])["verdict"] == "same bytes" and same_bytes(row, [])["timing_verdict"] == "outside"
+    assert same_bytes(row, ["model.ts"])["verdict"] == "outside"

@@ -70,5 +70,12 @@ class TvmFacts(ArtifactFacts):
         """Everything loaded with the dynamic library: per-shape libraries and the params file."""
         return self.bucket_files() + ([self.params.file] if self.params is not None else [])
 
+    def files_serving(self, point: str) -> list[FileRef] | None:
+        """A point with its own tuned library runs that library on the params file; the dynamic one is not called."""
+        build = next((b for b in self.shape_builds if point in b.points and b.file is not None), None)
+        if build is None or build.file is None:
+            return None
+        return [build.file] + ([self.params.file] if self.params is not None else [])
+
 
 __all__ = ["ShapeBuild", "ShapeKey", "TvmFacts", "TvmParams"]
