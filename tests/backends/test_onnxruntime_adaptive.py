@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlopt.backends.onnxruntime.adaptive import FIRST_INTERVAL, MARGIN, PROBE_CALLS, ThreadChoice
+from rlopt.backends.onnxruntime.adaptive import (FIRST_INTERVAL, LOOK_SHARE, MARGIN, PROBE_CALLS, WARM_NS,
+                                                 ThreadChoice)
 from tests.backends.test_onnxruntime_session import _model_bytes
 
 
@@ -30,13 +31,16 @@ class _Machine:
                             clock=lambda: self.now)
 
 
-def test_a_look_moves_to_the_faster_session_and_looks_again_soon() -> None:
+def test_a_look_warms_the_other_session_moves_to_the_faster_and_looks_again_soon() -> None:
     machine, events = _Machine({"default pool": 74_000, "1 thread": 62_000}), []
     choice = machine.choice("default pool", events)
     assert choice.left == 0, "the first call looks"
     assert choice.look([], {}) == ["1 thread"] and choice.current == "1 thread"
-    assert choice.run([], {}, None) == ["1 thread"] and choice.left == FIRST_INTERVAL
-    assert machine.calls == {"default pool": PROBE_CALLS + 1, "1 thread": PROBE_CALLS + 2}
+    assert choice.run([], {}, None) == ["1 thread"]
+    warm_calls = -(-WARM_NS // 62_000)  # untimed calls until WARM_NS has passed on the session not serving
+    assert machine.calls == {"default pool": 1 + PROBE_CALLS, "1 thread": warm_calls + PROBE_CALLS + 1}
+    look_ns = (1 + PROBE_CALLS) * 74_000 + (warm_calls + PROBE_CALLS) * 62_000
+    assert choice.left == max(FIRST_INTERVAL, LOOK_SHARE * look_ns // 62_000), "looks take 1/LOOK_SHARE of the time"
     assert events == [{"event": "onnxruntime switched to 1 thread", "from": "default pool", "shape": "256x4",
                        "default pool_us": 74.0, "1 thread_us": 62.0, "thread": "MainThread"}]
 
@@ -45,12 +49,14 @@ def test_a_session_within_the_margin_keeps_serving_and_looks_less_often() -> Non
     slower = int(60_000 * (1 - MARGIN / 2))
     machine, events = _Machine({"1 thread": 60_000, "default pool": slower}), []
     choice = machine.choice("1 thread", events)
-    assert choice.look([], {}) == ["1 thread"] and choice.left == 2 * FIRST_INTERVAL
     choice.look([], {})
-    assert choice.current == "1 thread" and choice.left == 4 * FIRST_INTERVAL and events == []
+    first = choice.left
+    choice.look([], {})
+    assert choice.current == "1 thread" and events == [] and choice.interval == 4 * FIRST_INTERVAL
+    assert choice.left >= first
     machine.latency_ns["1 thread"] = 90_000  # the machine changed: the pool is now clearly faster
     choice.look([], {})
-    assert choice.current == "default pool" and choice.left == FIRST_INTERVAL and len(events) == 1
+    assert choice.current == "default pool" and choice.interval == FIRST_INTERVAL and len(events) == 1
 
 
 pytest.importorskip("onnxruntime")
@@ -67,7 +73,7 @@ def _runner(tmp_path: Path, **facts: Any):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("rlopt.backends.onnxruntime.runner.usable_cores", lambda: 2)
-    monkeypatch.delenv("RLOPT_ORT_ADAPTIVE", raising=False)
+    monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", "1")
 
 
 @pytest.mark.usefixtures("two_cores")
@@ -90,9 +96,10 @@ def test_one_session_when_turned_off_too_large_on_one_core_or_with_other_threads
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not _runner(tmp_path)._sessions, "only auto asks for it"
     assert not _runner(tmp_path, adaptive_threads=True, intra_op_threads=3)._sessions
-    monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", "0")
-    assert not _runner(tmp_path, adaptive_threads=True)._sessions
-    monkeypatch.delenv("RLOPT_ORT_ADAPTIVE")
+    for off in ("0", ""):
+        monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", off)
+        assert not _runner(tmp_path, adaptive_threads=True)._sessions, "opt-in"
+    monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", "1")
     monkeypatch.setattr("rlopt.backends.onnxruntime.runner.ADAPTIVE_MAX_BYTES", len(_model_bytes()) - 1)
     assert not _runner(tmp_path, adaptive_threads=True)._sessions, "a graph too large to hold twice"
     monkeypatch.undo()

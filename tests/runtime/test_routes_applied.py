@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 from pathlib import Path
 
+import pytest
 
 import rlopt
 from rlopt.compile.measure import ORT_ONE_THREAD, measure_configurations, named_shapes
@@ -85,11 +86,15 @@ def test_a_mixed_route_runs_ort_without_spinning_and_a_single_one_with(tiny_copy
     assert _ort_spins(rlopt.load(tiny_copy, "policy", backend="onnxruntime"))
 
 
-def test_auto_serves_onnx_runtime_from_both_thread_configurations_and_a_named_backend_from_one(tiny_copy: Path) -> None:
+def test_auto_serves_onnx_runtime_from_both_thread_configurations_and_a_named_backend_from_one(
+        tiny_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlopt.machine import usable_cores
 
     everywhere = dict.fromkeys(["1x1x32", "2x3x32", "4x6x32", "other"], "onnxruntime")
     _record_route(tiny_copy, everywhere, spinning=True, threads=1)
+    monkeypatch.delenv("RLOPT_ORT_ADAPTIVE", raising=False)
+    assert not rlopt.load(tiny_copy, "policy")._gen.runners["onnxruntime"]._sessions, "opt-in"
+    monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", "1")
     sessions = rlopt.load(tiny_copy, "policy")._gen.runners["onnxruntime"]._sessions
     assert list(sessions) == (["1 thread", "default pool"] if usable_cores() > 1 else [])
     assert not rlopt.load(tiny_copy, "policy", backend="onnxruntime")._gen.runners["onnxruntime"]._sessions

@@ -15,9 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-PROBE_CALLS = 8  # timed calls per session in one look, after an untimed one (a pool asleep wakes on it)
+PROBE_CALLS = 16  # timed calls per session in one look
+WARM_NS = 5_000_000  # untimed calls first on the session not serving: a pool woken from sleep ran its first 50-100
+# calls at 1.2-1.4x its steady latency (sb3-ppo-cartpole's value net at 256x4: 66-76 us, then 55 us), which a look
+# of 8 calls after one untimed call took for the pool's speed and kept one thread
+LOOK_SHARE = 50  # the calls until the next look take at least this many times as long as the look did
 FIRST_INTERVAL = 256  # calls until the next look after a switch; doubled after each look that keeps the session
-MAX_INTERVAL = 65536
+MAX_INTERVAL = 1 << 20
 MARGIN = 0.05  # the other session must be this much faster to take over (timing noise)
 MAX_EVENTS = 100
 
@@ -37,29 +41,37 @@ class ThreadChoice:
         self.current, self.run = current, runs[current]
         self.left, self.interval = 0, FIRST_INTERVAL
 
-    def _median_us(self, run: NativeRun, fetched: list[str], feeds: dict[str, Any]) -> tuple[float, list[Any]]:
+    def _median_ns(self, run: NativeRun, fetched: list[str], feeds: dict[str, Any],
+                   warm_ns: int) -> tuple[float, list[Any]]:
+        """Median of PROBE_CALLS timed calls, after untimed ones for `warm_ns` (at least one)."""
+        start = self._clock()
         out = run(fetched, feeds, None)
+        while self._clock() - start < warm_ns:
+            out = run(fetched, feeds, None)
         samples = []
         for _ in range(PROBE_CALLS):
-            start = self._clock()
+            begin = self._clock()
             out = run(fetched, feeds, None)
-            samples.append(self._clock() - start)
-        return statistics.median(samples) / 1e3, out
+            samples.append(self._clock() - begin)
+        return statistics.median(samples), out
 
     def look(self, fetched: list[str], feeds: dict[str, Any]) -> list[Any]:
-        """Time the serving session, then the other; switch when the other is over MARGIN faster. Returns the
-        outputs of the last call on the session that serves from now on."""
-        timed = {name: self._median_us(self._runs[name], fetched, feeds)
+        """Time the serving session, then the other after warming it; switch when the other is over MARGIN faster.
+        The next look comes after `interval` calls (doubled when the serving session stays) and no sooner than
+        LOOK_SHARE times this look's length. Returns the outputs of the last call on the session that serves."""
+        began = self._clock()
+        timed = {name: self._median_ns(self._runs[name], fetched, feeds, 0 if name == self.current else WARM_NS)
                  for name in sorted(self._runs, key=lambda n: n != self.current)}
         best = min(timed, key=lambda name: timed[name][0])
         if best != self.current and timed[best][0] < timed[self.current][0] * (1 - MARGIN):
             self._report({"event": f"onnxruntime switched to {best}", "from": self.current, "shape": self._label,
-                          **{f"{name}_us": round(us, 2) for name, (us, _) in timed.items()},
+                          **{f"{name}_us": round(ns / 1e3, 2) for name, (ns, _) in timed.items()},
                           "thread": threading.current_thread().name})
             self.current, self.run, self.interval = best, self._runs[best], FIRST_INTERVAL
         else:
             self.interval = min(MAX_INTERVAL, self.interval * 2)
-        self.left = self.interval
+        spent = self._clock() - began
+        self.left = max(self.interval, int(LOOK_SHARE * spent / max(timed[self.current][0], 1.0)))
         return timed[self.current][1]
 
 
@@ -76,4 +88,5 @@ class SwitchLog:
                 self.events.append(event)
 
 
-__all__ = ["FIRST_INTERVAL", "MARGIN", "MAX_INTERVAL", "PROBE_CALLS", "SwitchLog", "ThreadChoice"]
+__all__ = ["FIRST_INTERVAL", "LOOK_SHARE", "MARGIN", "MAX_INTERVAL", "PROBE_CALLS", "WARM_NS", "SwitchLog",
+           "ThreadChoice"]

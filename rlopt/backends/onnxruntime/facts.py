@@ -20,7 +20,7 @@ class OnnxRuntimeFacts(ArtifactFacts):
         None, description="False: the pool does not spin between calls (a mixed `auto` route, as compile measured it)")
     adaptive_threads: bool | None = Field(
         None, description="`auto` at load: a one-thread and a default-pool session, each calling thread serving from "
-                          "the faster at each shape, timed again now and then (RLOPT_ORT_ADAPTIVE=0 turns it off)")
+                          "the faster at each shape, timed again now and then (only with RLOPT_ORT_ADAPTIVE=1)")
     graph_optimization: str | None = None
     onnxruntime: str | None = Field(None, description="the ONNX Runtime version that proved the session")
     int8: dict[str, Any] | None = Field(None, description="dynamic quantization's report, when int8 was asked for")
