@@ -203,8 +203,11 @@ def files_unlike(manifests: dict[str, Any], network: str, backend: str, point: s
     differ. None listed: at that shape both run the same bytes the same way."""
     from rlopt.backends import facts_of
 
+    def artifact(manifest: Any) -> Any:
+        return manifest.networks[network].artifacts[backend]
+
     def files(manifest: Any) -> dict[str, str]:
-        record = manifest.networks[network].artifacts[backend]
+        record = artifact(manifest)
         facts = facts_of(backend, record.facts)
         serving = facts.files_serving(point) if point is not None else None
         if serving is not None:
@@ -217,8 +220,8 @@ def files_unlike(manifests: dict[str, Any], network: str, backend: str, point: s
         return [unhashed(v) for v in value] if isinstance(value, list) else value
 
     def settings(manifest: Any) -> dict[str, Any]:  # how the runner is configured; measurements left out
-        facts = manifest.networks[network].artifacts[backend].facts
-        return {key: unhashed(value) for key, value in facts.items() if not key.endswith(("_us", "_parity"))}
+        return {key: unhashed(value) for key, value in artifact(manifest).facts.items()
+                if not key.endswith(("_us", "_parity"))}
 
     refitted, other = files(manifests["refitted"]), files(manifests[side])
     ran, side_ran = settings(manifests["refitted"]), settings(manifests[side])

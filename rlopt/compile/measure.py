@@ -264,10 +264,10 @@ def fair_measurement(measure: Callable[[], Measured],
 
 def stall_floors(record: NetworkRecord, backends: list[str]) -> Table:
     """Per backend with a `stall_floor` hook: the latency per shape label its calls fall back to when its pool
-    stalls (rlopt.backends.base.Backend)."""
+    stalls (rlopt.backends.base.Backend). `backends` are runnable here, so each is in the registry."""
     floors: Table = {}
     for backend in backends:
-        hook = BACKENDS[backend].stall_floor if backend in BACKENDS else None
+        hook = BACKENDS[backend].stall_floor
         if hook is not None:
             floors[backend] = hook(facts_of(backend, record.artifacts[backend].facts))
     return {b: f for b, f in floors.items() if f}

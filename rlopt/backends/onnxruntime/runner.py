@@ -62,9 +62,9 @@ class OnnxRuntimeRunner(Runner):
         namespace: dict[str, Any] = {"run": native.run, "fetched": self._output_names}
         namespace.update({f"n{k}": name for k, name in enumerate(output_names)})
         named = ", ".join(f"n{k}: out[{k}]" for k in range(len(output_names)))
-        returned = f"        return {{{named}}}\n"
+        returned = f"return {{{named}}}\n"
         if not self._sessions:
-            exec(f"def call(feeds, arrays):\n    out = run(fetched, feeds, None)\n{returned[4:]}", namespace)
+            exec(f"def call(feeds, arrays):\n    out = run(fetched, feeds, None)\n    {returned}", namespace)
             return namespace["call"]  # type: ignore[no-any-return]
         runs = {name: session._sess.run for name, session in self._sessions.items()}
         label = "-".join("x".join(map(str, shape)) for shape, _ in signature)
@@ -80,7 +80,7 @@ class OnnxRuntimeRunner(Runner):
              "            left, run = choice.left, choice.run\n"
              "        else:\n"
              "            out = run(fetched, feeds, None)\n"
-             f"{returned}"
+             f"        {returned}"
              "    return call\n", namespace)
         return namespace["make"]()  # type: ignore[no-any-return]
 
