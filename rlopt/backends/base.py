@@ -104,6 +104,9 @@ class Backend:
     that never compiles: see rlopt.backends.runtime_only_process).
     `stall_floor` gives, per shape label, the latency a call falls back to when its thread pool stalls (a pool that
     hands each thread one fixed chunk waits for a descheduled thread); `auto` counts that shape at no less.
+    `one_thread` takes an artifact's facts (a dict) and returns the facts to open a runner with that computes on its
+    calling thread alone, after setting that thread up where the library keeps a pool per thread; refit then gates
+    such artifacts side by side, one per core. None: the backend cannot, and refit gates it one network at a time.
     """
 
     name: str
@@ -118,6 +121,7 @@ class Backend:
     refit: str | None = None
     runtime_env: tuple[tuple[str, str], ...] = ()
     stall_floor: Callable[[Any], dict[str, float]] | None = None
+    one_thread: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]

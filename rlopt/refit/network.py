@@ -6,7 +6,7 @@ Works on the staging copy of the MODEL_DIR; files are rewritten there, never in 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -80,9 +80,11 @@ def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, on
 
 
 def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, Any], reference: Reference,
-         recipe: Recipe, spec: Any, subject: str, hashes: Hashes) -> tuple[BackendRecord, str | None]:
+         recipe: Recipe, spec: Any, subject: str, hashes: Hashes, *,
+         runner_facts: dict[str, Any] | None = None) -> tuple[BackendRecord, str | None]:
     """The refitted artifact through the parity gate compile uses (rlopt.verify.gate_runner); latency is carried
-    over from the old MODEL_DIR (same graph, same code)."""
+    over from the old MODEL_DIR (same graph, same code). `runner_facts` (default `facts`) open the runner: refit's
+    side-by-side gates open it on one thread (`Backend.one_thread`), which splits the same sums no differently."""
     from rlopt.backends import open_runner
     from rlopt.compile.gpu_path import tolerance_for
     from rlopt.verify import gate_runner
@@ -92,7 +94,7 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     path = staging / record.path
     current = hashes.record(path)
     new = record.model_copy(update={"sha256": current.sha256, "bytes": current.bytes, "facts": facts})
-    runner = open_runner(backend, path, list(spec.inputs), facts)
+    runner = open_runner(backend, path, list(spec.inputs), facts if runner_facts is None else runner_facts)
     try:
         result = gate_runner(runner, reference, spec.kind, spec.distribution, tol, variant_samples=VARIANT_SAMPLES,
                              facts=facts, code_unchanged=True)
@@ -104,19 +106,19 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     return new, result.failure(subject)
 
 
-def on_one_thread(backend: str) -> bool:
-    """Whether `backend` computes with torch: its gate runs on the one torch thread refit sets, so two networks'
-    can run side by side; the others' pools of several threads run one network at a time."""
-    from rlopt.backends import BACKENDS
-
-    return BACKENDS[backend].module == "torch"
+def gate_cost(record: BackendRecord, reference: Reference) -> float:
+    """What a gate of `record` costs, for ordering: compile's median latency at each point times its samples (0
+    where compile did not time it)."""
+    return sum(record.latency_us[point].p50 * reference.samples(point) for point in reference.points
+               if point in record.latency_us)
 
 
 class NetworkRefit:
     """Network `name` rewritten in `staging` (a copy of MODEL_DIR `source` without the files refit writes anew:
     see `rewritten_anew`) with `model`'s weights, in steps the driver can schedule: `start` (reference re-recorded,
-    ONNX graph and padded copy rewritten), `refit_backends` (hooks and gates of the artifacts it picks), `finish`
-    (the record, the drift). Gate and drift failures go to `failures`; `close` always."""
+    ONNX graph and padded copy rewritten), `refit_backend` (one artifact's hook and gate: those of `side_by_side`
+    on the calling thread alone), `refit_rest` (every other artifact), `finish` (the record, the drift). Gate and
+    drift failures go to `failures`; `close` always."""
 
     def __init__(self, staging: Path, recipe: Recipe, name: str, old: NetworkRecord, model: Any, checkpoint: Path,
                  source: Path) -> None:
@@ -154,21 +156,38 @@ class NetworkRefit:
         self.padded = repad(self.folder, self.old.facts, self.recipe) if "model.padded.onnx" in self.old.files \
             else None
 
-    def refit_backends(self, picked: Callable[[str], bool]) -> None:
-        """Hook and gate each artifact whose backend `picked(backend)` is true (an unbuilt one is carried over)."""
-        spec = self.recipe.networks[self.name]
+    def side_by_side(self) -> list[str]:
+        """The built artifacts whose backend can compute on one calling thread (`Backend.one_thread`), the costliest
+        gate first: run as jobs on one worker per core, they pack best longest first."""
+        from rlopt.backends import BACKENDS
+
+        alone = [backend for backend, record in self.old.artifacts.items()
+                 if record.built and backend in BACKENDS and BACKENDS[backend].one_thread is not None]
+        return sorted(alone, key=lambda backend: -gate_cost(self.old.artifacts[backend], self.reference))
+
+    def refit_backend(self, backend: str, *, one_thread: bool) -> None:
+        """Hook and gate one built artifact; `one_thread`: its runner computes on the calling thread alone."""
+        from rlopt.backends import BACKENDS
+
+        spec, record = self.recipe.networks[self.name], self.old.artifacts[backend]
+        facts = _hook_facts(backend, self.name, self.folder, record, self.folder / "model.onnx", self.padded,
+                            self.state)
+        single = BACKENDS[backend].one_thread if one_thread else None
+        self.artifacts[backend], failure = gate(self.staging, backend, record, facts, self.reference, self.recipe,
+                                                spec, f"{self.name}/{backend}", self.hashes,
+                                                runner_facts=single(facts) if single is not None else None)
+        if failure:
+            self.failures.append(failure)
+
+    def refit_rest(self, done: Iterable[str]) -> None:
+        """Every artifact not in `done`: an unbuilt one is carried over, a built one hooked and gated as it runs."""
         for backend, record in self.old.artifacts.items():
-            if not picked(backend):
+            if backend in done:
                 continue
-            if not record.built:
+            if record.built:
+                self.refit_backend(backend, one_thread=False)
+            else:
                 self.artifacts[backend] = record
-                continue
-            facts = _hook_facts(backend, self.name, self.folder, record, self.folder / "model.onnx", self.padded,
-                                self.state)
-            self.artifacts[backend], failure = gate(self.staging, backend, record, facts, self.reference,
-                                                    self.recipe, spec, f"{self.name}/{backend}", self.hashes)
-            if failure:
-                self.failures.append(failure)
 
     def finish(self) -> NetworkRecord:
         from rlopt.refit.drift import reference_drift
@@ -223,4 +242,4 @@ def _file_entry(hashes: Hashes, staging: Path, path: str, source: str | None) ->
     return record.model_copy(update={"path": path})
 
 
-__all__ = ["Hashes", "NetworkRefit", "copies_of", "gate", "on_one_thread", "repad"]
+__all__ = ["Hashes", "NetworkRefit", "copies_of", "gate", "gate_cost", "repad"]

@@ -63,12 +63,35 @@ def test_the_pool_is_resized_once_per_thread_without_binding_the_caller() -> Non
     calls: list[tuple[Any, ...]] = []
     before = os.environ.get("TVM_BIND_THREADS")
 
-    def configure(mode: int, threads: int) -> None:
-        calls.append((mode, threads, os.environ.get("TVM_BIND_THREADS")))
+    def configure(mode: int, threads: int, cpus: list[str]) -> None:
+        calls.append((mode, threads, cpus, os.environ.get("TVM_BIND_THREADS")))
 
     results: list[bool] = []
     worker = threading.Thread(target=lambda: results.extend([one_thread_pool(configure), one_thread_pool(configure)]))
     worker.start()
     worker.join()
-    assert results == [True, False] and calls == [(1, 1, "0")]
+    assert results == [True, False] and calls == [(1, 1, ["0"], "0")]
     assert os.environ.get("TVM_BIND_THREADS") == before
+
+
+def test_one_thread_runs_the_calling_threads_parallel_loops_inline() -> None:
+    """Real TVM: after the backend's `one_thread`, this thread's pool has one thread and no worker was started."""
+    import pytest
+
+    pytest.importorskip("tvm")
+    from rlopt.backends import BACKENDS
+
+    seen: list[Any] = []
+
+    def work() -> None:
+        import tvm_ffi
+
+        before = len(os.listdir("/proc/self/task"))
+        facts = BACKENDS["tvm"].one_thread({"num_threads": 2})
+        seen.extend([facts, tvm_ffi.get_global_func("runtime.NumThreads")(),
+                     len(os.listdir("/proc/self/task")) - before])
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert seen == [{"num_threads": 2}, 1, 0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -231,3 +232,44 @@ def test_session_reload_onto_a_refitted_dir(base_dir: Path, tmp_path: Path) -> N
     sess.reload(out)
     np.testing.assert_allclose(sess.run(FEEDS)["logits"], _eager(folder, state, FEEDS)["logits"], atol=2e-6)
     sess.close()
+
+
+def test_gates_run_side_by_side_on_one_thread_each_costliest_first(base_dir: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each side-by-side gate opens its runner on a refit worker with one-thread facts; ONNX Runtime's session gets
+    one intra-op thread, and the stored facts keep what compile chose."""
+    import threading
+
+    import rlopt.backends as backends
+
+    opened: list[tuple[str, str, Any]] = []
+    real = backends.open_runner
+
+    def recording(backend: str, path: Path, names: list[str], facts: Any) -> Any:
+        opened.append((backend, threading.current_thread().name, dict(facts).get("intra_op_threads")))
+        return real(backend, path, names, facts)
+
+    monkeypatch.setattr(backends, "open_runner", recording)
+    checkpoint = save_state(perturbed_state(_recipe_folder(base_dir)), tmp_path / "new.pt")
+    out = rlopt.refit(base_dir, checkpoint, tmp_path / "out")
+    assert sorted(b for b, _, _ in opened) == sorted(["onnxruntime", "torchscript"] * 2)
+    assert all(thread.startswith("rlopt-refit") for _, thread, _ in opened)
+    assert [threads for b, _, threads in opened if b == "onnxruntime"] == [1, 1]
+    compiled = read_manifest(base_dir).networks["policy"].artifacts["onnxruntime"].facts.get("intra_op_threads")
+    assert compiled != 1  # else the check above could not tell the gate's setting from compile's
+    assert read_manifest(out).networks["policy"].artifacts["onnxruntime"].facts.get("intra_op_threads") == compiled
+
+
+def test_gate_cost_weighs_compile_latency_by_samples() -> None:
+    from rlopt.manifest import BackendRecord, Latency
+    from rlopt.reference import Reference
+    from rlopt.refit.network import gate_cost
+
+    arrays = {"min:in:x": np.zeros((4, 1)), "min:out:y": np.zeros((4, 1)),
+              "max:in:x": np.zeros((2, 8)), "max:out:y": np.zeros((2, 8))}
+    reference = Reference(arrays, ["x"], ["y"])
+    timed = BackendRecord(path="a", latency_us={
+        "min": Latency(shape={"x": [1]}, p50=10.0, p99=11.0, iterations=5),
+        "max": Latency(shape={"x": [8]}, p50=100.0, p99=120.0, iterations=5)})
+    assert gate_cost(timed, reference) == 4 * 10.0 + 2 * 100.0
+    assert gate_cost(BackendRecord(path="b"), reference) == 0.0

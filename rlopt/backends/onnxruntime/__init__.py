@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlopt.backends.base import Backend, module_missing
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.machine import gpu_absent_reason
@@ -21,10 +23,15 @@ def _threads(facts: OnnxRuntimeFacts) -> int | str:
     return facts.intra_op_threads or "ONNX Runtime default (one per physical core)"
 
 
+def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
+    """One session on the calling thread: ONNX Runtime's intra-op pool is per session."""
+    return {**facts, "intra_op_threads": 1, "adaptive_threads": False, "allow_spinning": None}
+
+
 BACKEND = Backend(
     name="onnxruntime", module="onnxruntime",
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
     unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts,
     triton_platform=("onnxruntime_onnx", "model.onnx"),
     stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",),
-    refit="rlopt.backends.onnxruntime.refit:refit_artifact")
+    refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread)

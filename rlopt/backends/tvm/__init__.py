@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from rlopt.backends.base import Backend, module_missing
 from rlopt.backends.tvm.facts import TvmFacts
@@ -41,10 +42,20 @@ def _stall_floor(facts: TvmFacts) -> dict[str, float]:
             if isinstance(row, dict) and row.get("1")}
 
 
+def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
+    """TVM keeps one pool per calling thread: this thread's parallel loops then run inline (stall.one_thread_pool)."""
+    from rlopt.backends.tvm.stall import one_thread_pool
+    from rlopt.lazy import require
+
+    require("tvm")
+    one_thread_pool(require("tvm_ffi").get_global_func("runtime.config_threadpool"))
+    return dict(facts)
+
+
 BACKEND = Backend(
     name="tvm", module="tvm",
     runner="rlopt.backends.tvm.runner:TvmRunner",
     unavailable=_unavailable, threads=_threads, facts=TvmFacts, native=True,
     stages=("rlopt.backends.tvm.stages:TvmCudaBuild", "rlopt.backends.tvm.stages:TvmBuild"),
     refit="rlopt.backends.tvm.refit:refit_artifact",
-    runtime_env=(("TVM_USE_RUNTIME_LIB", "1"),), stall_floor=_stall_floor)
+    runtime_env=(("TVM_USE_RUNTIME_LIB", "1"),), stall_floor=_stall_floor, one_thread=_one_thread)

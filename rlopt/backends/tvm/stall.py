@@ -76,10 +76,12 @@ def timed(call: Callable[..., Any], guard: StallGuard) -> Callable[..., Any]:
     return run
 
 
-def one_thread_pool(configure: Callable[[int, int], Any]) -> bool:
+def one_thread_pool(configure: Callable[[int, int, list[str]], Any]) -> bool:
     """Re-size the calling thread's TVM pool to one thread, with TVM_BIND_THREADS=0 meanwhile (else TVM pins the
     calling thread to one core), as `build.choose_threads` does; False when this thread's pool was re-sized
-    already."""
+    already. The one-CPU list sets TVM's concurrency for this thread to 1, so its parallel loops run inline on the
+    caller: no pool worker is started, and none is left spinning (an idle worker yields up to 300000 times before
+    it sleeps, taking a core's share from whatever else runs)."""
     if getattr(_this_thread, "one", False):
         return False
     _this_thread.one = True
@@ -87,7 +89,7 @@ def one_thread_pool(configure: Callable[[int, int], Any]) -> bool:
         previous = os.environ.get("TVM_BIND_THREADS")
         os.environ["TVM_BIND_THREADS"] = "0"
         try:
-            configure(1, 1)
+            configure(1, 1, ["0"])
         finally:
             if previous is None:
                 os.environ.pop("TVM_BIND_THREADS", None)
