@@ -29,21 +29,36 @@ def drift(old: list[np.ndarray], new: list[np.ndarray], distribution: str) -> tu
 
 
 def reference_drift(old: Reference, new: Reference, distribution: str) -> Drift:
-    """Drift over every recorded sample at every point (and recurrent step) of two references."""
+    """Drift over every recorded sample at every point of two references, a point's samples in one stacked call."""
     kls: list[np.ndarray] = []
     agree: list[np.ndarray] = []
     for point in [p for p in old.points if p in new.points]:
-        for index in range(min(old.samples(point), new.samples(point))):
-            feeds = new.feeds(point, index)
-            if any(not np.array_equal(value, feeds[name]) for name, value in old.feeds(point, index).items()):
-                continue  # not the same input (a rollout observation): no drift to measure there
-            kl, same = drift(old.outputs(point, index), new.outputs(point, index), distribution)
-            kls.append(kl)
-            if same is not None:
-                agree.append(same)
+        count = min(old.samples(point), new.samples(point))
+        same = np.ones(count, dtype=bool)
+        for name in old.input_names:
+            before, after = (r.arrays[f"{point}:in:{name}"][:count] for r in (old, new))
+            if before.shape != after.shape:
+                same[:] = False
+                break
+            same &= (before == after).reshape(count, -1).all(axis=1)  # a rollout observation: no drift to measure
+        if not same.any():
+            continue
+        outputs = [[_per_sample(r.arrays[f"{point}:out:{name}"][:count][same], r.arrays[
+            f"{point}:out:{r.output_names[0]}"].shape) for name in r.output_names] for r in (old, new)]
+        kl, agrees = drift(outputs[0], outputs[1], distribution)
+        kls.append(kl)
+        if agrees is not None:
+            agree.append(agrees)
     every = np.concatenate(kls) if kls else np.zeros(0)
     return Drift(kl_mean=float(every.mean()) if every.size else 0.0, kl_max=float(every.max()) if every.size else 0.0,
                  argmax_agree=float(np.concatenate(agree).mean()) if agree else None, compared=int(every.size))
+
+
+def _per_sample(head: np.ndarray, first: tuple[int, ...]) -> np.ndarray:
+    """A stacked head broadcast per sample to the first head's sample shape (as `rows` does for one sample)."""
+    missing = len(first) - head.ndim
+    return np.broadcast_to(head.reshape(head.shape[:1] + (1,) * missing + head.shape[1:]),
+                           head.shape[:1] + tuple(first[1:]))
 
 
 __all__ = ["drift", "reference_drift", "rows"]

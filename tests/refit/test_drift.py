@@ -42,3 +42,22 @@ def test_reference_drift_over_points() -> None:
     assert result.compared == 2
     assert result.argmax_agree == pytest.approx(0.5)
     assert result.kl_max > 0 and result.kl_mean == pytest.approx(result.kl_max / 2)
+
+
+def test_reference_drift_skips_changed_inputs_and_broadcasts_a_shared_log_std() -> None:
+    """Stacked per point, the result is the per-sample one: a sample whose input differs (a rollout observation)
+    is left out, and a log_std recorded per sample as [actions] is broadcast to the mean's [rows, actions]."""
+    rng = np.random.default_rng(0)
+    feeds = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    moved = feeds.copy()
+    moved[1, 0, 0] += 1.0
+    means = [rng.standard_normal((3, 2, 2)).astype(np.float32) for _ in range(2)]
+    log_stds = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(2)]
+    old, new = (Reference({"opt:in:x": x, "opt:out:mean": m, "opt:out:log_std": s}, ["x"], ["mean", "log_std"])
+                for x, m, s in zip((feeds, moved), means, log_stds))
+    result = reference_drift(old, new, "gaussian")
+    expected = np.concatenate([drift([means[0][i], log_stds[0][i]], [means[1][i], log_stds[1][i]], "gaussian")[0]
+                               for i in (0, 2)])
+    assert result.compared == 4 and result.argmax_agree is None
+    assert result.kl_mean == pytest.approx(float(expected.mean()), rel=1e-12)
+    assert result.kl_max == pytest.approx(float(expected.max()), rel=1e-12)
