@@ -84,7 +84,8 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
          runner_facts: dict[str, Any] | None = None) -> tuple[BackendRecord, str | None]:
     """The refitted artifact through the parity gate compile uses (rlopt.verify.gate_runner); latency is carried
     over from the old MODEL_DIR (same graph, same code). `runner_facts` (default `facts`) open the runner: refit's
-    side-by-side gates open it on one thread (`Backend.one_thread`), which splits the same sums no differently."""
+    side-by-side gates open it on one thread (`Backend.one_thread`; the thread count changes no number, see
+    docs/refit.md)."""
     from rlopt.backends import open_runner
     from rlopt.compile.gpu_path import tolerance_for
     from rlopt.verify import gate_runner
