@@ -43,9 +43,7 @@ def reference_drift(old: Reference, new: Reference, distribution: str) -> Drift:
             same &= (before == after).reshape(count, -1).all(axis=1)  # a rollout observation: no drift to measure
         if not same.any():
             continue
-        outputs = [[_per_sample(r.arrays[f"{point}:out:{name}"][:count][same], r.arrays[
-            f"{point}:out:{r.output_names[0]}"].shape) for name in r.output_names] for r in (old, new)]
-        kl, agrees = drift(outputs[0], outputs[1], distribution)
+        kl, agrees = drift(_kept(old, point, count, same), _kept(new, point, count, same), distribution)
         kls.append(kl)
         if agrees is not None:
             agree.append(agrees)
@@ -54,11 +52,13 @@ def reference_drift(old: Reference, new: Reference, distribution: str) -> Drift:
                  argmax_agree=float(np.concatenate(agree).mean()) if agree else None, compared=int(every.size))
 
 
-def _per_sample(head: np.ndarray, first: tuple[int, ...]) -> np.ndarray:
-    """A stacked head broadcast per sample to the first head's sample shape (as `rows` does for one sample)."""
-    missing = len(first) - head.ndim
-    return np.broadcast_to(head.reshape(head.shape[:1] + (1,) * missing + head.shape[1:]),
-                           head.shape[:1] + tuple(first[1:]))
+def _kept(reference: Reference, point: str, count: int, same: np.ndarray) -> list[np.ndarray]:
+    """The outputs of the first `count` samples where `same`, stacked, each broadcast per sample to the first
+    output's sample shape (as `rows` does for one sample)."""
+    first = reference.arrays[f"{point}:out:{reference.output_names[0]}"].shape
+    heads = [reference.arrays[f"{point}:out:{name}"][:count][same] for name in reference.output_names]
+    return [np.broadcast_to(h.reshape(h.shape[:1] + (1,) * (len(first) - h.ndim) + h.shape[1:]),
+                            h.shape[:1] + tuple(first[1:])) for h in heads]
 
 
 __all__ = ["drift", "reference_drift", "rows"]

@@ -48,7 +48,7 @@ def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
     from rlopt.lazy import require
 
     require("tvm")
-    one_thread_pool(require("tvm_ffi").get_global_func("runtime.config_threadpool"))
+    one_thread_pool()
     return dict(facts)
 
 

@@ -161,7 +161,7 @@ class TvmRunner(Runner):
 
     def _stalled(self, bucket: ShapeKey, guard: StallGuard) -> None:
         """Calls at `bucket` kept running slower than one thread would: this thread's pool goes to one thread."""
-        if not one_thread_pool(require("tvm_ffi").get_global_func("runtime.config_threadpool")):
+        if not one_thread_pool():
             return
         event = {"event": "tvm pool re-sized to 1 thread", "threads_before": self.threads, "shape": shape_label(bucket),
                  "one_thread_us": round(guard.limit_ns / 1e3, 2), "thread": threading.current_thread().name}

@@ -76,14 +76,19 @@ def timed(call: Callable[..., Any], guard: StallGuard) -> Callable[..., Any]:
     return run
 
 
-def one_thread_pool(configure: Callable[[int, int, list[str]], Any]) -> bool:
+def one_thread_pool(configure: Callable[[int, int, list[str]], Any] | None = None) -> bool:
     """Re-size the calling thread's TVM pool to one thread, with TVM_BIND_THREADS=0 meanwhile (else TVM pins the
     calling thread to one core), as `build.choose_threads` does; False when this thread's pool was re-sized
     already. The one-CPU list sets TVM's concurrency for this thread to 1, so its parallel loops run inline on the
     caller: no pool worker is started, and none is left spinning (an idle worker yields up to 300000 times before
-    it sleeps, taking a core's share from whatever else runs)."""
+    it sleeps, taking a core's share from whatever else runs). `configure`: TVM's `runtime.config_threadpool` unless
+    given (tests)."""
     if getattr(_this_thread, "one", False):
         return False
+    if configure is None:
+        from rlopt.lazy import require
+
+        configure = require("tvm_ffi").get_global_func("runtime.config_threadpool")
     _this_thread.one = True
     with _pool_lock:
         previous = os.environ.get("TVM_BIND_THREADS")
