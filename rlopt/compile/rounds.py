@@ -28,8 +28,10 @@ from rlopt.reference import Reference
 from rlopt.runtime import Session, unbucketed_variant
 from rlopt.runtime.routes import OTHER, Table
 
-ROUNDS = 5
-CELL_BUDGET_S = 0.005  # timed calls per (backend, shape) block: about this long, 1 to 50 calls
+ROUNDS = 15
+BURST_CALLS = 7  # timed calls per (backend, shape) block after one untimed: the bench protocol's block of 8
+CELL_BUDGET_S = 0.005  # ... fewer where that many would take longer than this (at least one)
+GAP_S = 0.001  # idle before each block: a bench worker is woken for its block, a serving loop calls between steps
 SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
 BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
 FRESH_TIMEOUT_S = 120.0
@@ -78,8 +80,11 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     the rounds done (at least one; no round starts once `budget_s` is spent).
 
     Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
-    mixed configuration, calls switch backends as a mixed session's do). `estimates_us[backend][shape]` sizes the
-    blocks (default: one timed call per cell)."""
+    mixed configuration, calls switch backends as a mixed session's do). A block is the bench protocol's: after
+    GAP_S idle, one untimed call and up to BURST_CALLS timed ones (`estimates_us[backend][shape]` cuts a slow
+    call's block to CELL_BUDGET_S; default: one timed call per cell). Blocks of 5 ms back to back, as before,
+    timed a warm loop the bench never runs: ONNX Runtime's pool read 1.16-1.27x one thread at sb3-ppo-cartpole's
+    64x4 and 256x4 there, against 0.86-1.03x in `rlopt bench` minutes later, and 0.79-1.10x in these blocks."""
     rng = random.Random(seed)
     counts: dict[tuple[str, tuple[str, str]], int] = {}
     for config, cells in configurations.items():
@@ -88,7 +93,7 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
             call()  # a Session binds its per-thread call on the second call of a signature
             known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
             estimate = float(known) if known else block_median(call, 1)
-            counts[config, cell] = int(min(50, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
+            counts[config, cell] = int(min(BURST_CALLS, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
     medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
                                                              for c, cells in configurations.items()}
     deadline, done = time.monotonic() + budget_s, 0
@@ -96,6 +101,7 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
         for config in rng.sample(list(configurations), len(configurations)):
             cells = configurations[config]
             for cell in rng.sample(list(cells), len(cells)):
+                time.sleep(GAP_S)
                 medians[config][cell].append(block_median(cells[cell], counts[config, cell]))
             time.sleep(SETTLE_S)
         done += 1
