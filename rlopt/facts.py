@@ -150,6 +150,9 @@ class NetworkFacts(Facts):
         None, description="whether `auto` lets ONNX Runtime spin (only when it is the session's only backend)")
     auto_onnxruntime_threads: int | None = Field(
         None, description="intra-op threads `auto` gives ONNX Runtime (absent: as built), chosen by measurement")
+    auto_onnxruntime_shape_threads: dict[str, int] = Field(
+        default_factory=dict, description="shape labels where `auto` runs ONNX Runtime on other intra-op threads "
+                                          "(1, or 0: its default pool), measured faster there")
     auto_choice: AutoChoiceFacts | None = Field(None, description="what compile measured to choose `auto_routes`")
 
 

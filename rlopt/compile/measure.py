@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
-from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
+from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
 from rlopt.compile.stage import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, first_line
@@ -202,33 +202,47 @@ def _worst_ratio(slow: dict[str, float], fast: dict[str, float]) -> tuple[float,
     return max(1.0, ratios.get(worst, 1.0)), worst
 
 
-def ort_thread_choice(alone: Table, together: Table | None) -> tuple[int | None, Table, Table | None, str]:
-    """ONNX Runtime's intra-op threads for `auto`: 1, or None (its default pool); the tables with that
-    configuration as 'onnxruntime', for `choose_route`; and why.
+OrtThreads = tuple[int | None, dict[str, int], Table, Table | None, str]
 
-    The bench judges every shape on its own, so each configuration is scored by its worst shape: how much slower
-    it is there than the other one. The pool is chosen when one thread's worst is over NOISE and over NOISE
-    worse than the pool's worst; otherwise one thread (no pool to wake beside TVM, nor to stall when another process
-    holds a core). A geometric mean over the shapes hid a pool 15% faster at the largest batch behind small
-    shapes where the two tie (sb3-ppo-cartpole's value net at 256x4: 61.8 us pooled, 70.9 us on one thread)."""
+
+def ort_thread_choice(alone: Table, together: Table | None, per_shape: bool = True) -> OrtThreads:
+    """ONNX Runtime's intra-op threads for `auto`: 1 or None (its default pool) for the session, and the shape labels
+    that run on the other configuration (threads 1, or 0 for the pool), each in a session of its own; the tables
+    with that configuration per shape as 'onnxruntime', for `choose_route`; and why.
+
+    The bench judges every shape against the faster of the two, so each shape takes the faster of the two as
+    measured (one thread on an exact tie). The session's own configuration is the one at OTHER (the shapes without a point of their own), else the
+    one most shapes take. One configuration per network traded shapes against each other: sb3-ppo-cartpole's value
+    net, level at 1x4 and 64x4 and 1.13x faster pooled at 256x4, stayed on one thread whenever the pool cost a
+    little at 1x4. `per_shape=False` (a graph too large to open
+    twice) keeps one configuration: the pool when one thread's worst shape is over NOISE and over NOISE worse than
+    the pool's worst, else one thread."""
     if ORT_ONE_THREAD not in alone or "onnxruntime" not in alone:
-        return None, alone, together, ""
-    one, default = alone[ORT_ONE_THREAD], alone["onnxruntime"]
-    one_worst, one_at = _worst_ratio(one, default)
-    pool_worst, pool_at = _worst_ratio(default, one)
-    if not one_at:
-        return None, alone, together, ""
+        return None, {}, alone, together, ""
+    one, pool = alone[ORT_ONE_THREAD], alone["onnxruntime"]
+    labels = [label for label in one if label in pool and one[label] > 0 and pool[label] > 0]
+    if not labels:
+        return None, {}, alone, together, ""
+    pooled = {label: pool[label] < one[label] for label in labels}
+    if per_shape:
+        default = pooled[OTHER] if OTHER in pooled else sum(pooled.values()) * 2 > len(pooled)
+    else:
+        one_worst, pool_worst = _worst_ratio(one, pool)[0], _worst_ratio(pool, one)[0]
+        default = one_worst > 1 + NOISE and one_worst > pool_worst * (1 + NOISE)
+        pooled = dict.fromkeys(labels, default)
+    shape_threads = {label: 0 if p else 1 for label, p in pooled.items() if p != default and label != OTHER}
 
-    def worst(ratio: float, at: str) -> str:
-        return f"{ratio:.2f}x at {at}" if ratio > 1 else "nowhere slower"
+    def per_label(table: Table) -> dict[str, float]:
+        return {label: table["onnxruntime" if pooled.get(label, default) else ORT_ONE_THREAD][label]
+                for label in table["onnxruntime"] if label in table[ORT_ONE_THREAD]}
 
-    if one_worst > 1 + NOISE and one_worst > pool_worst * (1 + NOISE):
-        return None, alone, together, (f"onnxruntime default pool: 1 thread {worst(one_worst, one_at)}, the pool "
-                                       f"{worst(pool_worst, pool_at)}")
-    why = f"onnxruntime 1 thread: {worst(one_worst, one_at)}, the default pool {worst(pool_worst, pool_at)}"
-    return 1, {**alone, "onnxruntime": one}, \
-        {**together, "onnxruntime": together[ORT_ONE_THREAD]} if together and ORT_ONE_THREAD in together else together, \
-        why
+    ranked_alone = {**alone, "onnxruntime": per_label(alone)}
+    ranked_together = {**together, "onnxruntime": per_label(together)} \
+        if together and ORT_ONE_THREAD in together and "onnxruntime" in together else together
+    chosen = ", ".join(f"{label} {'pool' if pooled[label] else '1 thread'} "
+                       f"{max(one[label], pool[label]) / min(one[label], pool[label]):.2f}x" for label in labels)
+    why = f"onnxruntime threads per shape (the other configuration's latency over the chosen one): {chosen}"
+    return None if default else 1, shape_threads, ranked_alone, ranked_together, why
 
 
 Measured = tuple[Table, Table, int]
@@ -332,7 +346,9 @@ class ChooseAuto(Stage):
         floors = stall_floors(record, contenders)  # a pool with no core to spare runs at one thread's speed
         alone, floored = at_least(alone, floors)
         together = at_least(together, floors)[0] if together else together
-        ort_threads, ranked_alone, ranked_together, threads_why = ort_thread_choice(alone, together)
+        ort_bytes = record.artifacts["onnxruntime"].bytes if "onnxruntime" in record.artifacts else 0
+        ort_threads, shape_threads, ranked_alone, ranked_together, threads_why = ort_thread_choice(
+            alone, together, per_shape=(ort_bytes or 0) <= SECOND_SESSION_MAX_BYTES)
         if load and contended(load[-1]):  # the tables stay recorded, the mix is not tried
             why, ranked_together = f"other processes held {load[-1]:.2f} cores through {len(load)} measurements", None
         choice = choose_route(ranked_alone, ranked_together, list(labels), contenders, why)
@@ -346,7 +362,10 @@ class ChooseAuto(Stage):
                 "stall_floor_us": floors,
                 "alone_us": {b: dict(t) for b, t in alone.items()},
                 "together_us": {b: dict(t) for b, t in (together or {}).items()}}
-        ort = {"auto_onnxruntime_threads": ort_threads} if ort_threads and uses_ort else {}
+        ort: dict[str, Any] = {"auto_onnxruntime_threads": ort_threads} if ort_threads and uses_ort else {}
+        ort_shapes = {label: t for label, t in shape_threads.items() if choice.per_point.get(label) == "onnxruntime"}
+        if ort_shapes:
+            ort["auto_onnxruntime_shape_threads"] = ort_shapes
         return StageOutput(None, {"auto_routes": routes | {OTHER: fallback}, **ort,
                                   "auto_onnxruntime_spinning": choice.onnxruntime_spinning,
                                   "auto_choice": auto, "selected": choice.per_point[at_opt]})

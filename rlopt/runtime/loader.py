@@ -93,6 +93,8 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
         ort = {"allow_spinning": plan.onnxruntime_spinning, "adaptive_threads": True}
         if plan.onnxruntime_threads:
             ort["intra_op_threads"] = plan.onnxruntime_threads
+        if plan.onnxruntime_shape_threads:
+            ort["shape_threads"] = plan.onnxruntime_shape_threads
     else:
         fallback = resolve_backend(manifest, model_dir, network, backend)
         record, routes = manifest.networks[network], {}

@@ -162,10 +162,12 @@ class AutoPlan:
     onnxruntime_spinning: bool
     why: str = ""
     onnxruntime_threads: int | None = None
+    onnxruntime_shape_threads: dict[str, int] = field(default_factory=dict)
 
 
 def recorded_plan(record: NetworkRecord, usable: list[str]) -> AutoPlan:
-    """The configuration compile measured and chose (`facts.auto_routes`, `auto_onnxruntime_spinning`, `_threads`).
+    """The configuration compile measured and chose (`facts.auto_routes`, `auto_onnxruntime_spinning`, `_threads`,
+    `_shape_threads`).
 
     When the manifest records no route, or names a backend that cannot run here (`usable`: verified and runnable,
     best first), every shape goes to the best usable backend on its own: a mix was never measured on this machine.
@@ -181,7 +183,7 @@ def recorded_plan(record: NetworkRecord, usable: list[str]) -> AutoPlan:
     routes = {parse_label(label): name for label, name in table.items()}
     spinning = facts.auto_onnxruntime_spinning
     return AutoPlan(routes, fallback, bool(spinning) if spinning is not None else len(needed) == 1, "recorded",
-                    facts.auto_onnxruntime_threads)
+                    facts.auto_onnxruntime_threads, dict(facts.auto_onnxruntime_shape_threads))
 
 
 __all__ = ["GAIN", "NOISE", "OTHER", "RECONFIGURED", "AutoPlan", "RouteChoice", "choose_route", "parse_label", "ranked_backends",

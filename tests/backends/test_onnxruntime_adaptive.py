@@ -100,7 +100,7 @@ def test_one_session_when_turned_off_too_large_on_one_core_or_with_other_threads
         monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", off)
         assert not _runner(tmp_path, adaptive_threads=True)._sessions, "opt-in"
     monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", "1")
-    monkeypatch.setattr("rlopt.backends.onnxruntime.runner.ADAPTIVE_MAX_BYTES", len(_model_bytes()) - 1)
+    monkeypatch.setattr("rlopt.backends.onnxruntime.runner.SECOND_SESSION_MAX_BYTES", len(_model_bytes()) - 1)
     assert not _runner(tmp_path, adaptive_threads=True)._sessions, "a graph too large to hold twice"
     monkeypatch.undo()
     monkeypatch.setattr("rlopt.backends.onnxruntime.runner.usable_cores", lambda: 1)

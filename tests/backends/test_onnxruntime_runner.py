@@ -34,3 +34,25 @@ def test_no_bound_call_where_a_provider_could_fall_back(tmp_path: Path) -> None:
     runner = _runner(tmp_path)
     runner._cpu_only = False  # as for a session with the CUDA or TensorRT provider (no GPU here to open one)
     assert runner.bound_call((((2, 3), np.dtype(np.float32)),), ["y"]) is None
+
+
+def _threads(session) -> int:  # type: ignore[no-untyped-def]
+    return int(session.get_session_options().intra_op_num_threads)
+
+
+def test_shapes_given_other_threads_run_on_a_session_of_their_own(tmp_path: Path) -> None:
+    from rlopt.backends.onnxruntime.runner import OnnxRuntimeRunner
+
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(_model_bytes())
+    runner = OnnxRuntimeRunner(path, ["x"], {"intra_op_threads": 1, "shape_threads": {"4x3": 0, "2x3": 1}})
+    assert set(runner._by_shape) == {"4x3"}, "2x3 names the session's own count: no session of its own"
+    pooled = runner._by_shape["4x3"]
+    assert _threads(runner._session) == 1 and _threads(pooled) == 0
+    for rows, session in ((2, runner._session), (4, pooled)):
+        x = np.linspace(-1, 1, rows * 3, dtype=np.float32).reshape(rows, 3)
+        call = runner.bound_call((((rows, 3), np.dtype(np.float32)),), ["y"])
+        assert call is not None and call.__globals__["run"] == session._sess.run
+        assert np.array_equal(call({"x": x}, (x,))["y"], np.maximum(x, 0))
+        assert runner._session_for([x.shape]) is session and np.array_equal(runner.infer({"x": x})[0], np.maximum(x, 0))
+    assert not OnnxRuntimeRunner(path, ["x"], {"intra_op_threads": 1})._by_shape

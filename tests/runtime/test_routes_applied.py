@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import rlopt
@@ -29,13 +30,17 @@ def _ort_spins(session: rlopt.Session) -> bool:
         return True
 
 
-def _record_route(model_dir: Path, routes: dict[str, str], spinning: bool, threads: int | None = None) -> None:
+def _record_route(model_dir: Path, routes: dict[str, str], spinning: bool, threads: int | None = None,
+                  shape_threads: dict[str, int] | None = None) -> None:
     document = json.loads((model_dir / "manifest.json").read_text())
     facts = document["networks"]["policy"]["facts"]
     facts.update(auto_routes=routes, auto_onnxruntime_spinning=spinning)
     facts.pop("auto_onnxruntime_threads", None)
+    facts.pop("auto_onnxruntime_shape_threads", None)
     if threads:
         facts["auto_onnxruntime_threads"] = threads
+    if shape_threads:
+        facts["auto_onnxruntime_shape_threads"] = shape_threads
     write_json(model_dir / "manifest.json", Manifest.model_validate(document).seal().model_dump(mode="json"))
 
 
@@ -84,6 +89,23 @@ def test_a_mixed_route_runs_ort_without_spinning_and_a_single_one_with(tiny_copy
     assert _ort_options(rlopt.load(tiny_copy, "policy")).intra_op_num_threads == 1
     assert _ort_options(rlopt.load(tiny_copy, "policy", backend="onnxruntime")).intra_op_num_threads == default_threads
     assert _ort_spins(rlopt.load(tiny_copy, "policy", backend="onnxruntime"))
+
+
+def test_auto_runs_the_shapes_compile_gave_other_threads_on_a_session_with_those_threads(tiny_copy: Path) -> None:
+    everywhere = dict.fromkeys(["1x1x32", "2x3x32", "4x6x32", "other"], "onnxruntime")
+    _record_route(tiny_copy, everywhere, spinning=True, threads=1, shape_threads={"4x6x32": 0})
+    session = rlopt.load(tiny_copy, "policy")
+    runner = session._gen.runners["onnxruntime"]
+    assert runner._session.get_session_options().intra_op_num_threads == 1
+    assert set(runner._by_shape) == {"4x6x32"}
+    assert runner._by_shape["4x6x32"].get_session_options().intra_op_num_threads == 0
+    with rlopt.load(tiny_copy, "policy", backend="onnxruntime") as named:
+        reference = load_reference(tiny_copy, read_manifest(tiny_copy).networks["policy"])
+        feeds = reference.feeds("max", 0)
+        for _ in range(3):  # checked, then the bound call
+            assert all(np.array_equal(session.run(feeds)[k], v) for k, v in named.run(feeds).items())
+        assert not named._gen.runners["onnxruntime"]._by_shape, "a named backend runs as built"
+    session.close()
 
 
 def test_auto_serves_onnx_runtime_from_both_thread_configurations_and_a_named_backend_from_one(

@@ -25,7 +25,7 @@ def _threads(facts: OnnxRuntimeFacts) -> int | str:
 
 def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
     """One session on the calling thread: ONNX Runtime's intra-op pool is per session."""
-    return {**facts, "intra_op_threads": 1, "adaptive_threads": False, "allow_spinning": None}
+    return {**facts, "intra_op_threads": 1, "shape_threads": {}, "adaptive_threads": False, "allow_spinning": None}
 
 
 BACKEND = Backend(

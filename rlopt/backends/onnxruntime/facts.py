@@ -9,6 +9,7 @@ from pydantic import Field
 from rlopt.facts import ArtifactFacts
 
 CPU_PROVIDER = "CPUExecutionProvider"
+SECOND_SESSION_MAX_BYTES = 256 << 20  # a larger graph is not held twice in memory (shape_threads, adaptive_threads)
 
 
 class OnnxRuntimeFacts(ArtifactFacts):
@@ -18,6 +19,9 @@ class OnnxRuntimeFacts(ArtifactFacts):
     intra_op_threads: int | None = Field(None, description="intra-op threads (ONNX Runtime's default when absent)")
     allow_spinning: bool | None = Field(
         None, description="False: the pool does not spin between calls (a mixed `auto` route, as compile measured it)")
+    shape_threads: dict[str, int] = Field(
+        default_factory=dict, description="`auto`: intra-op threads per shape label where they differ from "
+                                          "intra_op_threads (0: ONNX Runtime's default pool), each a session of its own")
     adaptive_threads: bool | None = Field(
         None, description="`auto` at load: a one-thread and a default-pool session, each calling thread serving from "
                           "the faster at each shape, timed again now and then (only with RLOPT_ORT_ADAPTIVE=1)")
@@ -30,4 +34,4 @@ class OnnxRuntimeFacts(ArtifactFacts):
         return list(self.providers or [CPU_PROVIDER])
 
 
-__all__ = ["CPU_PROVIDER", "OnnxRuntimeFacts"]
+__all__ = ["CPU_PROVIDER", "SECOND_SESSION_MAX_BYTES", "OnnxRuntimeFacts"]

@@ -1,5 +1,6 @@
-"""Runner for `model.onnx`: one ONNX Runtime session with exactly the providers the build proved (two, one thread
-and the default pool, where `auto` asks for adaptive threads: adaptive.py)."""
+"""Runner for `model.onnx`: one ONNX Runtime session with exactly the providers the build proved; one more per other
+thread count `auto` gives some shapes (`facts.shape_threads`), or two, one thread and the default pool, where `auto`
+asks for adaptive threads (adaptive.py)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,19 @@ import numpy as np
 
 from rlopt.backends.base import BoundCall, Runner
 from rlopt.backends.onnxruntime.adaptive import SwitchLog, ThreadChoice
-from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
+from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.backends.onnxruntime.session import make_session
 from rlopt.machine import usable_cores
+from rlopt.manifest import shape_label
 
 ONE_THREAD, POOL = "1 thread", "default pool"
-ADAPTIVE_MAX_BYTES = 256 << 20  # a larger graph is not held twice in memory
 
 
 def adaptive_allowed(path: Path) -> bool:
     """Opt-in (RLOPT_ORT_ADAPTIVE=1): under the bench protocol's frozen, short blocks the looks cost more than they
     found (docs/bench-command.md)."""
     return (os.environ.get("RLOPT_ORT_ADAPTIVE", "") not in ("", "0") and usable_cores() > 1
-            and path.stat().st_size <= ADAPTIVE_MAX_BYTES)
+            and path.stat().st_size <= SECOND_SESSION_MAX_BYTES)
 
 
 class OnnxRuntimeRunner(Runner):
@@ -39,16 +40,35 @@ class OnnxRuntimeRunner(Runner):
         self._cpu_only = facts.session_providers == [CPU_PROVIDER]
         self._sessions: dict[str, Any] = {}
         self._switches = SwitchLog()
-        if facts.adaptive_threads and self._cpu_only and facts.intra_op_threads in (None, 1) and \
-                adaptive_allowed(Path(path)):
+        self._by_shape = self._shape_sessions(path, facts, spinning)
+        if facts.adaptive_threads and not self._by_shape and self._cpu_only and facts.intra_op_threads in (None, 1) \
+                and adaptive_allowed(Path(path)):
             one = facts.intra_op_threads == 1
             other = make_session(path, threads=None if one else 1, providers=facts.session_providers,
                                  spinning=spinning)
             self._sessions = {ONE_THREAD: self._session, POOL: other} if one else \
                 {POOL: self._session, ONE_THREAD: other}
 
+    def _shape_sessions(self, path: Path, facts: OnnxRuntimeFacts, spinning: bool | None) -> dict[str, Any]:
+        """Shape label -> the session with that shape's own thread count, one session per count."""
+        by_threads: dict[int | None, Any] = {facts.intra_op_threads or None: self._session}
+        by_shape = {}
+        for label, threads in facts.shape_threads.items():
+            count = threads or None
+            if count not in by_threads:
+                by_threads[count] = make_session(path, threads=count, providers=facts.session_providers,
+                                                 spinning=spinning)
+            if by_threads[count] is not self._session:
+                by_shape[label] = by_threads[count]
+        return by_shape
+
+    def _session_for(self, shapes: Any) -> Any:
+        return self._by_shape.get(shape_label(shapes), self._session)
+
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return list(self._session.run(self._output_names, feeds))
+        session = self._session_for([feeds[name].shape for name in self.input_names]) if self._by_shape \
+            else self._session
+        return list(session.run(self._output_names, feeds))
 
     def bound_call(self, signature: tuple[Any, ...], output_names: list[str]) -> BoundCall | None:
         """The session's C++ `run` on the caller's own feeds, straight from the Session's hot path:
@@ -56,7 +76,7 @@ class OnnxRuntimeRunner(Runner):
         at batch 1 of a small MLP), which a checked signature does not need; a CPU-only session has no provider to
         fall back from. Generated straight-line code builds the output dict (`dict(zip(...))` cost 0.3 us more).
         With two sessions, a ThreadChoice of this thread and signature picks the one that runs."""
-        native = getattr(self._session, "_sess", None)
+        native = getattr(self._session_for([shape for shape, _ in signature]), "_sess", None)
         if not self._cpu_only or native is None or len(output_names) != len(self._output_names):
             return None
         namespace: dict[str, Any] = {"run": native.run, "fetched": self._output_names}
@@ -89,4 +109,4 @@ class OnnxRuntimeRunner(Runner):
 
     def close(self) -> None:
         self._session = None
-        self._sessions = {}
+        self._sessions, self._by_shape = {}, {}
