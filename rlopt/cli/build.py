@@ -1,0 +1,98 @@
+"""`rlopt compile` and `rlopt refit`: the commands that write a MODEL_DIR."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from rlopt.cli.base import JsonFlag, app, exit_failed, print_json
+
+
+@app.command("compile")
+def compile_command(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML (contract section 1), or an SB3 agent .zip.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="MODEL_DIR (default artifacts/<name>).")] = None,
+    backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends (repeatable).")] = None,
+    tune_trials: Annotated[Optional[int], typer.Option("--tune-trials", help="MetaSchedule trials (0 = untuned).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not use the stage cache.")] = False,
+    vecnormalize: Annotated[Optional[Path], typer.Option("--vecnormalize", help="SB3 agent: VecNormalize .pkl.")] = None,
+    env: Annotated[Optional[str], typer.Option("--env", help="SB3 agent: gymnasium id for rollout checks.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR."""
+    import contextlib
+
+    from rlopt.compile import compile_agent, compile_recipe
+    from rlopt.compile.cache import StageCache
+    from rlopt.errors import UsageError
+    from rlopt.logs import native_output_to_log, stdout_kept_for_json
+    from rlopt.render import (
+        ProgressReporter,
+        native_log_note,
+        parity_failure_table,
+        stage_table,
+        stderr,
+        stdout,
+        summary_table,
+    )
+
+    agent = recipe.suffix.lower() == ".zip"
+    if not agent and (vecnormalize is not None or env is not None):
+        raise UsageError(f"{recipe}: --vecnormalize / --env go with an agent .zip; fix: put them in the recipe "
+                         "(model.vecnormalize, verify.rollout.env)")
+    with native_output_to_log("compile") as log, ProgressReporter() as reporter, \
+            (stdout_kept_for_json() if json_out else contextlib.nullcontext()):
+        options: dict[str, Any] = {"backends": backend, "tune_trials": tune_trials, "reporter": reporter,
+                                   "cache": StageCache(enabled=not no_cache)}
+        result = (compile_agent(recipe, output, vecnormalize=vecnormalize, env=env, **options) if agent
+                  else compile_recipe(recipe, output, **options))
+    if json_out:
+        print_json({"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,
+                     "seconds": round(result.seconds, 2), "stages": [list(r) for r in reporter.rows],
+                     "manifest": result.manifest.model_dump(mode="json")})
+    else:
+        stdout.print(stage_table(reporter.rows))
+        stdout.print(summary_table(result.manifest))
+        stdout.print(f"wrote {result.model_dir} in {result.seconds:.1f} s")
+    native_log_note(log)
+    for warning in result.warnings:
+        stderr.print(f"[yellow]warning[/] {warning}", markup=True, highlight=False)
+    if not result.passed:
+        stderr.print(parity_failure_table(result.manifest))
+        exit_failed(result.failures)
+
+
+@app.command("refit")
+def refit_command(
+    model_dir: Annotated[Path, typer.Argument(help="A MODEL_DIR compiled by 'rlopt compile'.")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="New weights: a state_dict .pt / .safetensors, "
+                                             "or a new zip of the same SB3 agent.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write here (default: replace MODEL_DIR).")] = None,
+    vecnormalize: Annotated[Optional[Path], typer.Option("--vecnormalize", help="SB3 agent: new VecNormalize .pkl.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Replace every artifact's weights without recompiling, re-verify every backend, report the policy drift."""
+    import contextlib
+
+    from rlopt.logs import stdout_kept_for_json
+    from rlopt.refit import refit_model_dir
+    from rlopt.render import stdout
+
+    with stdout_kept_for_json() if json_out else contextlib.nullcontext():
+        result = refit_model_dir(model_dir, checkpoint, output, vecnormalize=vecnormalize)
+    drift = {name: network.drift.model_dump(mode="json") for name, network in result.manifest.networks.items()
+             if network.drift is not None}
+    if json_out:
+        print_json({"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,
+                     "seconds": round(result.seconds, 2), "refit_of": result.manifest.refit_of, "drift": drift,
+                     "manifest": result.manifest.model_dump(mode="json")})
+    else:
+        for name, values in drift.items():
+            agree = "" if values["argmax_agree"] is None else f", argmax agreement {values['argmax_agree']:.3f}"
+            stdout.print(f"{name}: drift KL(old || new) mean {values['kl_mean']:.3g}, max {values['kl_max']:.3g}{agree}")
+        if result.passed:
+            stdout.print(f"refitted {result.model_dir} in {result.seconds:.2f} s")
+    if not result.passed:
+        exit_failed(result.failures, "nothing was replaced")
