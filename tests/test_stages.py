@@ -203,7 +203,8 @@ def test_export_falls_back_to_the_trace_where_the_scripted_graph_is_refused(tmp_
         assert out.facts["export_path"] == "trace" and out.facts["refused"].startswith(op + ": ")
         assert "\n" not in out.facts["refused"]
         with pytest.raises(StageError, match=r"networks\.net: ONNX export failed: " + op):
-            export_onnx(ts_path, spec, 17, tmp_path / "model.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+            export_onnx(ts_path, spec, 17, tmp_path / "refused.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+        assert not (tmp_path / "refused.onnx").exists(), "nothing half-written"
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])

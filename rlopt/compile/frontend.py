@@ -111,16 +111,21 @@ class RecordReference(Stage):
 
 class ExportOnnx(Stage):
     name, inputs, outputs, cached = "onnx", ("model.ts",), ("model.onnx",), True
-    helpers = ("rlopt.stages.export_onnx", "rlopt.refit.weight_map", "rlopt.onnx_graph")
+    helpers = ("rlopt.stages.export_onnx", "rlopt.stages.control_flow", "rlopt.stages.shape_probe",
+               "rlopt.refit.weight_map", "rlopt.onnx_graph")
 
     def config(self, ctx: Context) -> Any:
-        return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset}
+        verify = ctx.recipe.verify
+        return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset,
+                "probe": {"shapes": ctx.spec.shapes, "atol": verify.atol, "rtol": verify.rtol}}
 
     def run(self, ctx: Context) -> StageOutput:
         from rlopt.stages.export_onnx import export_onnx
 
+        verify = ctx.recipe.verify
         return export_onnx(ctx.artifacts["model.ts"], ctx.spec, ctx.recipe.onnx.opset, ctx.dir / "model.onnx",
-                           recipe_path=ctx.recipe_path, network=ctx.name, eager_module=ctx.module)
+                           recipe_path=ctx.recipe_path, network=ctx.name, eager_module=ctx.module,
+                           tolerance=(verify.atol, verify.rtol))
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
         return f"{out.facts.get('export_path', 'script')}, opset {out.facts['opset']}, {out.facts['if_nodes']} If"

@@ -294,9 +294,13 @@ def prepare_onnx(onnx_model: Any, shapes: Shapes | None = None) -> tuple[Any, di
     """A copy of `onnx_model` rewritten for import (shape comparisons, static Ifs, Gemm weights, dead nodes).
 
     Deterministic, so refit rebuilds the same initializers from a graph with new weights."""
+    from rlopt.backends.tvm.normalize import constants_as_tensors, scalar_reshapes_as_unsqueeze
+
     onnx = require("onnx")
     model = onnx.ModelProto()
     model.CopyFrom(onnx_model)
+    constants_as_tensors(model.graph)
+    scalar_reshapes_as_unsqueeze(model)
     facts: dict[str, Any] = {"shape_comparisons_tensorized": tensorize_shape_comparisons(model)}
     if shapes is not None:
         facts["ifs_folded"] = fold_static_ifs(model, shapes)

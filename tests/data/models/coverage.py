@@ -151,6 +151,32 @@ class AttentionPolicy(nn.Module):
         return self.head(self.encoder(x)[:, -1])
 
 
+class DynamicLengthAttention(nn.Module):
+    """An nn.TransformerEncoder over tokens [batch, seq, d] whose seq varies per call (an LLM head, a
+    multi-agent policy over a variable number of entities): the action logits from the last token."""
+
+    def __init__(self, d: int = 128, heads: int = 4, layers: int = 2, n_actions: int = 6) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, n_actions)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(tokens)[:, -1])
+
+
+class LengthBoundAttention(DynamicLengthAttention):
+    """Not compilable with a dynamic seq: the scripted encoder is refused by the TorchScript exporter, the
+    branch on the length forbids the trace, and torch.export keeps only the branch its example takes (windows
+    longer than 8 are averaged, shorter ones read from the last token, halved). Refused in one line naming the dim."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        encoded = self.enc(tokens)
+        if tokens.size(1) > 8:
+            return self.head(encoded.mean(dim=1))
+        return self.head(encoded[:, -1]) * 0.5
+
+
 class MaskedPolicy(nn.Module):
     """sb3-contrib MaskablePPO: the logits of illegal actions become -inf (a bool mask, True = legal)."""
 
@@ -345,6 +371,11 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # aten::is_autocast_enabled is refused) keeps the batch dynamic but would freeze a dynamic seq dim
     "decision_transformer": ("AttentionPolicy", {}, {
         "kind": "policy", "inputs": {"obs": batched(8, 8)}, "outputs": ["logits"]}),
+    # a dynamic window of 1..64 tokens: the scripted encoder is refused, the trace freezes the length in its
+    # Reshapes (the shape probe catches it), the dynamo export keeps it
+    "attention_dynamic_length": ("DynamicLengthAttention", {}, {
+        "kind": "policy", "inputs": {"tokens": {"dtype": "float32", "min": [1, 1, 128], "opt": [4, 20, 128],
+                                                "max": [8, 64, 128]}}, "outputs": ["logits"]}),
     "maskable_ppo": ("MaskedPolicy", {}, {
         "kind": "policy", "inputs": {"obs": batched(8), "action_mask": batched(6, dtype="bool")},
         "outputs": ["logits"]}),
