@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -205,3 +206,40 @@ def test_cli_refuses_a_network_it_cannot_export_faithfully_in_one_line(tmp_path:
     line = assert_one_line_error(proc, 2, "networks.net", "prim::ListConstruct", "fix:")
     assert "would freeze the data-dependent if at coverage.py:" in line
     assert proc.stdout == ""
+
+
+# ---- issue 36: a dynamic window of tokens through nn.TransformerEncoder
+
+@pytest.mark.slow
+def test_dynamic_length_attention_matches_pytorch_on_every_backend_at_named_and_unnamed_lengths(
+        tmp_path: Path) -> None:
+    import rlopt
+    from rlopt.recipe import load_recipe
+    from rlopt.stages.load_model import build_model
+
+    result = compile_architecture(tmp_path, "attention_dynamic_length", ALL)
+    assert result.passed, result.failures
+    network = result.manifest.networks["net"]
+    built = [b for b, a in network.artifacts.items() if a.built]
+    assert set(built) >= {"torchscript", "onnxruntime", "tvm"}, network.artifacts
+    recipe_path = tmp_path / "attention-dynamic-length.yaml"
+    model, _ = build_model(load_recipe(recipe_path).model, recipe_path)
+    rng = np.random.default_rng(5)
+    for backend in built:
+        with rlopt.load(result.model_dir, "net", backend=backend) as session:
+            for batch, length in [(1, 1), (4, 20), (8, 64), (3, 37)]:  # min, opt, max, and a length no one named
+                tokens = rng.standard_normal((batch, length, 128)).astype(np.float32)
+                want = model(torch.from_numpy(tokens)).detach().numpy()
+                got = session.run({"tokens": tokens})["logits"]
+                np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3, err_msg=f"{backend} at {length}")
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_dim_no_exporter_keeps_dynamic_in_one_line(tmp_path: Path) -> None:
+    document = recipe_for("attention_dynamic_length", FAST)
+    document["model"]["factory"] = "models/coverage.py:LengthBoundAttention"
+    recipe = write_recipe(tmp_path, document)
+    proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--json")
+    line = assert_one_line_error(proc, 2, "networks.net", "no ONNX exporter keeps input 'tokens' dim 1 (1..64) "
+                                 "dynamic", "fix: make input 'tokens' dim 1 static")
+    assert "Reshape" not in line and proc.stdout == "" and not (tmp_path / "out").exists()
