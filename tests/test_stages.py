@@ -270,7 +270,7 @@ def test_dynamo_is_gated_on_onnxscript() -> None:
 
 def test_tvm_names_the_onnx_ops_its_frontend_cannot_convert(tmp_path: Path) -> None:
     from rlopt.errors import BackendUnavailable
-    from rlopt.backends.tvm.importer import check_supported, unsupported_ops
+    from rlopt.backends.tvm.normalize import check_supported, unsupported_ops
     from tests.data.models.coverage import LstmSequence
 
     ts_path, _ = _script(LstmSequence(), tmp_path)

@@ -6,6 +6,7 @@ The dynamo exporter (torch.onnx.export(dynamo=True), unoptimized so that its gra
 - a symbolic size as a scalar (`Squeeze(Shape(x, start=1, end=2))`) made 1-D by `Reshape(size, [-1])` before
   it joins a shape; the frontend holds such a scalar as a PrimValue, which its Reshape refuses and its
   Unsqueeze(axis 0) turns into a shape.
+What remains that the frontend cannot convert is named (`check_supported`): TVM is skipped with the op.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from rlopt.lazy import require
 
 _SCALAR_FORMS = {"value_int": np.int64, "value_float": np.float32}
 _LIST_FORMS = {"value_ints": np.int64, "value_floats": np.float32}
@@ -84,4 +87,39 @@ def scalar_reshapes_as_unsqueeze(model: Any) -> int:
     return count
 
 
-__all__ = ["constants_as_tensors", "scalar_reshapes_as_unsqueeze"]
+def unsupported_ops(onnx_model: Any) -> list[str]:
+    """'<op> (node <name>)' for each node (subgraphs included) whose default-domain op type Relax's ONNX frontend
+    has no converter for (0.27: Loop, Scan, ...; LSTM, GRU and RNN are unrolled before, see
+    rlopt.backends.tvm.recurrent), so TVM is skipped with the op named."""
+    try:
+        frontend = require("tvm.relax.frontend.onnx.onnx_frontend")
+        supported = set(frontend._get_convert_map()) | {"If"}  # If is converted by the importer itself
+    except Exception:  # a private API that moved: let the import itself report
+        return []
+    found: dict[str, str] = {}
+
+    def visit(graph: Any) -> None:
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type not in supported:
+                found.setdefault(node.op_type, node.name or (node.output[0] if node.output else "?"))
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    visit(attribute.g)
+                for sub in attribute.graphs:
+                    visit(sub)
+
+    visit(onnx_model.graph)
+    return [f"{op} (node {name})" for op, name in found.items()]
+
+
+def check_supported(onnx_model: Any) -> None:
+    """BackendUnavailable naming the first op the frontend cannot convert; other backends go on."""
+    from rlopt.errors import BackendUnavailable
+
+    missing = unsupported_ops(onnx_model)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise BackendUnavailable(f"tvm: Relax ONNX frontend has no converter for {missing[0]}{more}")
+
+
+__all__ = ["check_supported", "constants_as_tensors", "scalar_reshapes_as_unsqueeze", "unsupported_ops"]
