@@ -193,8 +193,7 @@ def test_architecture_compiles_on_every_backend(tmp_path: Path, name: str) -> No
         elif record.parity is not None:
             assert record.parity.passed, (backend, record.parity)
     assert network.selected is not None
-    if network.artifacts["tvm"].skipped and "LSTM" in (network.artifacts["tvm"].skipped or ""):
-        assert "no converter for LSTM" in network.artifacts["tvm"].skipped
+    assert network.artifacts["tvm"].skipped is None, "every architecture builds on TVM, recurrent ones included"
 
 
 @pytest.mark.slow
@@ -243,3 +242,42 @@ def test_cli_refuses_a_dim_no_exporter_keeps_dynamic_in_one_line(tmp_path: Path)
     line = assert_one_line_error(proc, 2, "networks.net", "no ONNX exporter keeps input 'tokens' dim 1 (1..64) "
                                  "dynamic", "fix: make input 'tokens' dim 1 static")
     assert "Reshape" not in line and proc.stdout == "" and not (tmp_path / "out").exists()
+
+
+# ---- issue 36: TVM for recurrent policies (LSTM / GRU unrolled into MatMul + gates per step)
+
+def _small_recurrent(name: str, kwargs: dict, inputs: dict) -> dict:
+    document = recipe_for(name, ["tvm"], samples=2)
+    document["model"]["kwargs"] = kwargs
+    document["networks"]["net"]["inputs"].update(inputs)
+    return document
+
+
+def _tvm_verified_over_steps(result, steps: int) -> None:
+    assert result.passed, result.failures
+    network = result.manifest.networks["net"]
+    tvm = network.artifacts["tvm"]
+    assert tvm.skipped is None and tvm.parity.passed, tvm
+    assert any(kernel.startswith("fused_matmul") for kernel in tvm.facts["fused_kernels"])
+    reference, parity = multi_step_parity(result.model_dir, "tvm")
+    assert reference.steps("opt") == steps
+    assert parity.passed and parity.compared == sum(reference.samples(p) * reference.steps(p) for p in reference.points)
+
+
+def test_an_lstm_actor_builds_on_tvm_and_matches_over_six_steps_with_its_state_fed_back(tmp_path: Path) -> None:
+    def batched(*dims: int) -> dict:
+        return {"dtype": "float32", "min": [1, *dims], "opt": [4, *dims], "max": [8, *dims]}
+
+    document = _small_recurrent("recurrent_ppo_lstm", {"obs": 8, "hidden": 8, "n_actions": 4},
+                                {"state_h": batched(1, 8), "state_c": batched(1, 8)})
+    assert document["verify"]["steps"] == 6
+    _tvm_verified_over_steps(compile_recipe(write_recipe(tmp_path, document), tmp_path / "out"), 6)
+
+
+def test_a_gru_sequence_encoder_builds_on_tvm_and_matches(tmp_path: Path) -> None:
+    window = {"dtype": "float32", "min": [1, 6, 8], "opt": [4, 6, 8], "max": [8, 6, 8]}  # the matrix's is 16 long
+    document = _small_recurrent("gru_sequence_encoder", {"obs": 8, "hidden": 8, "n_actions": 4}, {"window": window})
+    result = compile_recipe(write_recipe(tmp_path, document), tmp_path / "out")
+    _tvm_verified_over_steps(result, 1)
+    builds = result.manifest.networks["net"].artifacts["tvm"].facts["shape_builds"]
+    assert [b["shapes"]["window"] for b in builds] == [[1, 6, 8], [4, 6, 8], [8, 6, 8]]

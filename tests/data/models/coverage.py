@@ -244,6 +244,20 @@ class LstmSequence(nn.Module):
         return self.head(y), h_new.transpose(0, 1), c_new.transpose(0, 1)
 
 
+class GruSequenceEncoder(nn.Module):
+    """A GRU over a fixed window of the last K observations [batch, K, obs] (batch_first), the action logits
+    from its last hidden state: a history encoder for partially observed tasks."""
+
+    def __init__(self, obs: int = 8, hidden: int = 64, n_actions: int = 4, layers: int = 1) -> None:
+        super().__init__()
+        self.gru = nn.GRU(obs, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, n_actions)
+
+    def forward(self, window: torch.Tensor) -> torch.Tensor:
+        _, h = self.gru(window)
+        return self.head(h[-1])
+
+
 class EmbeddingPolicy(nn.Module):
     """Discrete tokens (int64 ids) through nn.Embedding, mean-pooled, an MLP head."""
 
@@ -389,6 +403,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                               "max": [8, 6, 8]},
                                       "h": batched(1, 32), "c": batched(1, 32)},
         "outputs": ["out", "h_new", "c_new"], "state": {"h": "h_new", "c": "c_new"}}),
+    "gru_sequence_encoder": ("GruSequenceEncoder", {}, {
+        "kind": "policy", "inputs": {"window": batched(16, 8)}, "outputs": ["logits"]}),
     "embedding_ids": ("EmbeddingPolicy", {}, {
         "kind": "policy", "inputs": {"ids": {"dtype": "int64", "min": [1, 1], "opt": [4, 5], "max": [8, 8]}},
         "outputs": ["logits"]}),
@@ -399,10 +415,15 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 }
 
 
-def recipe_for(name: str, backends: list[str], *, samples: int = 4, steps: int = 3,
+# verify.steps where the default (3) is not enough: an actor that feeds its state back is checked over 6 calls
+STEPS = {"recurrent_ppo_lstm": 6}
+
+
+def recipe_for(name: str, backends: list[str], *, samples: int = 4, steps: int | None = None,
                factory_path: str = "models/coverage.py") -> dict[str, Any]:
     """A recipe (as a mapping, for YAML) compiling architecture `name` as the network `net`."""
     cls, kwargs, network = ARCHITECTURES[name]
+    steps = steps if steps is not None else STEPS.get(name, 3)
     return {
         "name": name.replace("_", "-"),
         "model": {"factory": f"{factory_path}:{cls}", "kwargs": kwargs, "seed": 0},
