@@ -66,7 +66,8 @@ def test_the_stage_key_holds_the_openvino_version_and_for_a_reduced_precision_th
     assert config["openvino"] == version_of("openvino") and config["cpu"] is None
     assert config["input_bounds"] == {"obs": [[1, 4], [8, 8]]} and config["precision"] == "fp32"
     assert stage.config(_ctx("bf16"))["cpu"], "bf16 is built only where the CPU has it"
-    monkeypatch.setattr("rlopt.lazy.version_of", lambda name: "9999.1" if name == "openvino" else version_of(name))
+    monkeypatch.setattr("rlopt.backends.openvino.convert.version_of",
+                        lambda name: "9999.1" if name == "openvino" else version_of(name))
     assert stage.config(_ctx())["openvino"] == "9999.1", "a new OpenVINO misses the cache"
     assert "openvino" in engine.tool_versions() and "openvino" not in engine.CACHE_VERSIONS, \
         "installing the extra keeps every other stage's cache entries"

@@ -26,6 +26,15 @@ def input_bounds(spec: Any) -> dict[str, list[list[int]]]:
     return {name: [[lo, hi] for lo, hi in zip(s.dims("min"), s.dims("max"))] for name, s in spec.inputs.items()}
 
 
+def cache_key(spec: Any) -> dict[str, Any]:
+    """What the build depends on beyond its ONNX file: the bounds, the precision, the OpenVINO version, and the CPU
+    for a reduced precision (built only where the CPU has it)."""
+    from rlopt.machine import cpu_identity
+
+    return {"precision": spec.precision, "input_bounds": input_bounds(spec), "openvino": version_of("openvino"),
+            "cpu": cpu_identity() if spec.precision in CAPABILITIES else None}
+
+
 def convert_ir(onnx_path: Path, xml_path: Path, bounds: dict[str, list[list[int]]]) -> None:
     """Write `xml_path` and its `.bin` from `onnx_path`, every input shaped by `bounds`.
 
@@ -85,4 +94,4 @@ def build_openvino(onnx_path: Path, folder: Path, spec: Any, *, recipe_path: Pat
     return StageOutput(xml_path, {**facts.as_dict(), "threads_at_build": threads, "weights": weights})
 
 
-__all__ = ["IR_NAME", "build_openvino", "choose_precision", "convert_ir", "input_bounds"]
+__all__ = ["IR_NAME", "build_openvino", "cache_key", "choose_precision", "convert_ir", "input_bounds"]

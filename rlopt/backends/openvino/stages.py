@@ -6,11 +6,9 @@ from typing import Any
 
 from rlopt.compile.stage import Context, Stage, StageOutput
 
-REDUCED = ("fp16", "bf16")  # built only where the CPU has them: the build depends on this machine then
-
 
 class OpenVinoConvert(Stage):
-    """`model.xml` + `model.bin`; cached by graph, weights, shapes, precision and the OpenVINO version."""
+    """`model.xml` + `model.bin`; cached by graph, weights and `convert.cache_key` (bounds, precision, OpenVINO)."""
 
     name, inputs, outputs = "openvino", ("model.onnx", "model.padded.onnx"), ("openvino",)
     cached = True
@@ -26,13 +24,9 @@ class OpenVinoConvert(Stage):
         return openvino_missing() is None  # else `run` says why it is skipped; a cached IR could not be verified
 
     def config(self, ctx: Context) -> Any:
-        from rlopt.backends.openvino.convert import input_bounds
-        from rlopt.lazy import version_of
-        from rlopt.machine import cpu_identity
+        from rlopt.backends.openvino.convert import cache_key
 
-        return {"precision": ctx.spec.precision, "input_bounds": input_bounds(ctx.spec),
-                "openvino": version_of("openvino"),
-                "cpu": cpu_identity() if ctx.spec.precision in REDUCED else None}
+        return cache_key(ctx.spec)
 
     def run(self, ctx: Context) -> StageOutput:
         from rlopt.backends.openvino.convert import build_openvino
