@@ -94,6 +94,20 @@ def test_one_session_serves_many_threads_each_its_own_shapes(model_dir: Path, mo
     assert not errors, errors[:5]
 
 
+def test_read_only_inputs_are_copied_not_refused(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.backends.openvino import runner
+
+    feeds = _feeds((4, 6, 32), 3)
+    feeds["input0"].flags.writeable = False  # OpenVINO cannot wrap it: it is copied on every path
+    with rlopt.load(model_dir, "policy", "onnxruntime") as ort:
+        expected = ort.run(feeds)["logits"]
+    for copy_max in (0, 1 << 20):  # a bound call that wraps its inputs, one that copies them
+        monkeypatch.setattr(runner, "COPY_MAX_BYTES", copy_max)
+        with rlopt.load(model_dir, "policy", "openvino") as session:
+            for _ in range(3):  # checked, then the thread's bound call
+                np.testing.assert_allclose(session.run(feeds)["logits"], expected, atol=1e-5, rtol=1e-4)
+
+
 def test_one_thread_facts_compute_on_one_thread_with_the_same_outputs(model_dir: Path) -> None:
     from rlopt.backends import BACKENDS, open_runner
 
@@ -218,6 +232,9 @@ def test_integer_ids_a_bool_mask_and_recurrent_state_verify_over_steps(compiled:
              "h": np.zeros((3, 12), np.float32)}
     with rlopt.load(out, "actor", "openvino") as vino, rlopt.load(out, "actor", "onnxruntime") as ort:
         got, expected = vino.run(feeds), ort.run(feeds)
+        bound = vino.run(feeds)  # the second call takes the bound call: int64 and bool tensors allocated once
+    for name in ("logits", "h_new"):
+        np.testing.assert_array_equal(bound[name], got[name])
     assert got["logits"].dtype == np.float32 and (got["logits"][:, 1] < -1e8).all()
     for name in ("logits", "h_new"):
         np.testing.assert_allclose(got[name], expected[name], atol=1e-5, rtol=1e-4)

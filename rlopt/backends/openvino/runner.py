@@ -56,7 +56,8 @@ class OpenVinoRunner(Runner):
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         request, tensor = self._request(), self._ov.Tensor
         for name, index in zip(self.input_names, self._indices):
-            request.set_input_tensor(index, tensor(np.ascontiguousarray(feeds[name]), shared_memory=True))
+            array = np.ascontiguousarray(feeds[name])
+            request.set_input_tensor(index, tensor(array, shared_memory=array.flags.writeable))
         request.infer()
         return [request.get_output_tensor(index).data.copy() for index in range(self._outputs)]
 
@@ -82,7 +83,8 @@ class OpenVinoRunner(Runner):
             for position, view in copied:
                 np.copyto(view, arrays[position])
             for position, index in shared:
-                set_input(index, tensor(arrays[position], shared_memory=True))
+                array = arrays[position]
+                set_input(index, tensor(array, shared_memory=array.flags.writeable))  # OpenVINO shares no read-only array
             infer()
             return {name: output(index).data.copy() for index, name in outputs}
 
