@@ -135,6 +135,26 @@ def test_a_weights_file_that_differs_from_the_manifest_is_refused(model_dir: Pat
         rlopt.load(damaged, "policy", "openvino")
 
 
+def test_auto_runs_a_recorded_route_through_openvino_beside_onnx_runtime(model_dir: Path, tmp_path: Path) -> None:
+    from tests.conftest import copy_model_dir
+    from tests.refit.conftest import reseal
+
+    mixed = copy_model_dir(model_dir, tmp_path)
+
+    def route(document: dict) -> None:  # as if compile had measured OpenVINO fastest at the small shapes
+        document["networks"]["policy"]["facts"]["auto_routes"] = {
+            "1x1x32": "openvino", "2x3x32": "openvino", "4x6x32": "onnxruntime", "other": "openvino"}
+
+    reseal(mixed, route)
+    with rlopt.load(mixed, "policy") as session, rlopt.load(mixed, "policy", "onnxruntime") as ort:
+        assert session.routes == {"1x1x32": "openvino", "2x3x32": "openvino", "4x6x32": "onnxruntime",
+                                  "other": "openvino"} and session.backend == "openvino"
+        for shape in [(1, 1, 32), (2, 3, 32), (4, 6, 32), (3, 5, 32)]:
+            feeds = _feeds(shape, 5)
+            for _ in range(2):
+                np.testing.assert_allclose(session.run(feeds)["logits"], ort.run(feeds)["logits"], atol=1e-5, rtol=1e-4)
+
+
 def test_without_openvino_auto_serves_from_the_others_and_openvino_says_why(model_dir: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from rlopt.backends.openvino import library
