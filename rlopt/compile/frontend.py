@@ -111,7 +111,7 @@ class RecordReference(Stage):
 
 class ExportOnnx(Stage):
     name, inputs, outputs, cached = "onnx", ("model.ts",), ("model.onnx",), True
-    helpers = ("rlopt.stages.export_onnx", "rlopt.stages.control_flow", "rlopt.stages.shape_probe",
+    helpers = ("rlopt.stages.export_onnx", "rlopt.control_flow", "rlopt.shape_probe",
                "rlopt.refit.weight_map", "rlopt.onnx_graph")
 
     def config(self, ctx: Context) -> Any:

@@ -11,7 +11,7 @@ what each earlier path refused, or froze):
    Not tried when the network's own code branches or loops on values or shapes (a trace freezes that branch);
    library internals (nn.LSTM's `batch_first` checks) and conditions on constants and attributes are fine.
 3. `dynamo`: torch.onnx.export(dynamo=True, dynamic_shapes=Dim.AUTO per dynamic dim) from the eager module.
-Each exported graph must then pass the shape probe (rlopt.stages.shape_probe: run at batch 1 and > 1, every
+Each exported graph must then pass the shape probe (rlopt.shape_probe: run at batch 1 and > 1, every
 named length and one unnamed length, against PyTorch); a graph that froze a dim passes the turn to the next
 path. Where none keeps a dim dynamic, compile refuses in one line naming the dim (fix: make it static).
 """
@@ -31,7 +31,7 @@ from rlopt.lazy import require
 from rlopt.onnx_graph import index_ranges
 from rlopt.recipe import InputSpec, NetworkSpec
 from rlopt.stages.base import StageOutput
-from rlopt.stages.control_flow import control_flow_blockers
+from rlopt.control_flow import control_flow_blockers
 
 EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False) from the scripted module"
 EXPORTERS = {
@@ -248,7 +248,7 @@ def _export_chain(torch: Any, scripted: Any, eager: Any, spec: NetworkSpec, opse
                   dynamic_axes: dict[str, dict[int, str]], facts: dict[str, Any], tolerance: tuple[float, float], *,
                   recipe_path: Path, network: str) -> str:
     """The first export path whose graph passes the shape probe; each other one's reason goes into `facts`."""
-    from rlopt.stages.shape_probe import probe_export
+    from rlopt.shape_probe import probe_export
 
     attempts = [("script", scripted)] + ([("trace", eager), ("dynamo", eager)] if eager is not None else [])
     reference = eager.eval() if eager is not None else scripted
@@ -285,16 +285,16 @@ def _refusal(spec: NetworkSpec, facts: dict[str, Any], frozen: str, fallbacks: b
     tried = "; ".join(f"{label}: {_short_reason(facts[key])}" for label, key in
                       (("scripted", "refused"), ("traced", "trace_refused"), ("dynamo", "dynamo_refused"))
                       if key in facts)
-    if frozen:
-        dim = frozen
-        if frozen.startswith("input '"):
-            name, axis = frozen.split("'")[1], int(frozen.rsplit(" ", 1)[1])
-            lo, hi = spec.inputs[name].dims("min")[axis], spec.inputs[name].dims("max")[axis]
-            dim = f"{frozen} ({lo}..{hi})"
-        target = frozen if frozen.startswith("input '") else "the dims that vary there"
-        return located(recipe_path, where, f"no ONNX exporter keeps {dim} dynamic: {tried}",
-                       f"make {target} static in the recipe (min = opt = max), or make forward shape-generic "
+    if frozen.startswith("input '"):
+        name, axis = frozen.split("'")[1], int(frozen.rsplit(" ", 1)[1])
+        lo, hi = spec.inputs[name].dims("min")[axis], spec.inputs[name].dims("max")[axis]
+        return located(recipe_path, where, f"no ONNX exporter keeps {frozen} ({lo}..{hi}) dynamic: {tried}",
+                       f"make {frozen} static in the recipe (min = opt = max), or make forward shape-generic "
                        "along it")
+    if frozen:  # each dim alone ran; the named shape that varies them together did not
+        return located(recipe_path, where, f"no ONNX exporter gives a graph that matches PyTorch at {frozen}: "
+                       f"{tried}", "make the dims that vary there static in the recipe (min = opt = max), or "
+                       "make forward shape-generic along them")
     if not fallbacks:
         return located(recipe_path, where, f"ONNX export failed: {facts['refused']}",
                        "use operators the TorchScript exporter supports at this opset (recipe onnx.opset)")

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rlopt.recipe import NetworkSpec
-from rlopt.stages.shape_probe import probe_export, probe_shapes, unnamed_value
+from rlopt.shape_probe import probe_export, probe_shapes, probe_tolerance, unnamed_value
 
 
 def _spec(**inputs: list[list[int]]) -> NetworkSpec:
@@ -102,3 +102,16 @@ def test_shapes_pytorch_itself_refuses_are_skipped_not_blamed_on_the_graph(tmp_p
     result = probe_export(path, OnlyEven().eval(), spec, atol=1e-5, rtol=1e-5)
     assert result.failed is None
     assert result.skipped == ["input 'x' dim 0 = 1"] and "input 'x' dim 0 = 6" in result.checked
+
+
+class _Nudged(_FixedWindow):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 1.000001
+
+
+def test_rounding_is_left_to_the_parity_gate_even_at_zero_tolerance(tmp_path: Path) -> None:
+    assert probe_tolerance(0.0, 0.0) == (1e-3, 1e-2) and probe_tolerance(1e-3, 1e-2) == (1e-2, 0.1)
+    spec = _spec(x=[[1, 3], [2, 3], [5, 3]])
+    nudged = _trace(_Nudged().eval(), torch.ones(2, 3), tmp_path / "nudged.onnx", {"x": {0: "batch"}})
+    result = probe_export(nudged, _FixedWindow().eval(), spec, atol=0.0, rtol=0.0)
+    assert result.failed is None and result.mismatch_at_example == "" and len(result.checked) == 3

@@ -54,6 +54,13 @@ class ProbeResult:
         return out
 
 
+def probe_tolerance(atol: float, rtol: float) -> tuple[float, float]:
+    """The probe looks for frozen dims (a graph that raises, or computes another branch), not for rounding: 10x the
+    recipe's tolerances, at least 1e-3 / 1e-2, so that a graph a few ulps off is left to the parity gate (exit 1
+    with its statistics) instead of being taken for a frozen one."""
+    return max(10 * atol, 1e-3), max(10 * rtol, 1e-2)
+
+
 def unnamed_value(group: Group, named: set[int]) -> int | None:
     """A value inside [min, max] that no named shape uses: the middle of the widest gap between named values."""
     lo, _, hi = group
@@ -141,12 +148,13 @@ def _difference(expected: list[np.ndarray], got: list[Any], atol: float, rtol: f
 def probe_export(onnx_path: Path, module: Any, spec: NetworkSpec, atol: float, rtol: float,
                  seed: int = 0) -> ProbeResult:
     """Run the exported graph and `module` (PyTorch) at the example shape, then at every probe; stop at the first
-    probe the graph fails (raises, other shapes, other values)."""
+    probe the graph fails (raises, other shapes, values off by more than `probe_tolerance(atol, rtol)`)."""
     import torch
 
     from rlopt.backends.base import flatten_outputs
     from rlopt.reference import embedding_range, one_torch_thread, random_input
 
+    atol, rtol = probe_tolerance(atol, rtol)
     rng = np.random.default_rng(seed)
     default_range = embedding_range(module)
     run_graph = _graph_runner(onnx_path)
@@ -185,4 +193,4 @@ def probe_export(onnx_path: Path, module: Any, spec: NetworkSpec, atol: float, r
     return result
 
 
-__all__ = ["Probe", "ProbeResult", "probe_export", "probe_shapes", "unnamed_value"]
+__all__ = ["Probe", "ProbeResult", "probe_export", "probe_shapes", "probe_tolerance", "unnamed_value"]
