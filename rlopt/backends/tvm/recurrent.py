@@ -56,8 +56,8 @@ class Cell:
         from onnx import helper
 
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        text = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-        direction = text.get("direction", "forward")
+        direction = attrs.get("direction", b"forward")
+        direction = direction.decode() if isinstance(direction, bytes) else direction
         if direction not in ("forward", "reverse", "bidirectional"):
             raise _unsupported(node, f"direction '{direction}' is not forward, reverse or bidirectional")
         directions = ["forward", "reverse"] if direction == "bidirectional" else [direction]
@@ -70,6 +70,8 @@ class Cell:
             raise _unsupported(node, "activation_alpha / activation_beta are not supported")
         if len(node.input) > 4 and node.input[4]:
             raise _unsupported(node, "a sequence_lens input is not supported (export without packed sequences)")
+        if "hidden_size" not in attrs:
+            raise _unsupported(node, "no hidden_size attribute")
         return cls(node.op_type, int(attrs["hidden_size"]), directions,
                    [names[i * per:(i + 1) * per] for i in range(len(directions))], int(attrs.get("layout", 0)),
                    float(attrs["clip"]) if "clip" in attrs else None, bool(attrs.get("input_forget", 0)),
