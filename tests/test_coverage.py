@@ -231,6 +231,15 @@ def test_dynamic_length_attention_matches_pytorch_on_every_backend_at_named_and_
                 want = model(torch.from_numpy(tokens)).detach().numpy()
                 got = session.run({"tokens": tokens})["logits"]
                 np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3, err_msg=f"{backend} at {length}")
+    # the dynamo graph keeps a weight map: new weights go in without recompiling, every backend re-verified
+    torch.manual_seed(7)
+    retrained = type(model)().eval()
+    torch.save(retrained.state_dict(), tmp_path / "retrained.pt")
+    refitted = rlopt.refit(result.model_dir, tmp_path / "retrained.pt", out=tmp_path / "refitted")
+    with rlopt.load(refitted, "net", backend="onnxruntime") as session:
+        tokens = rng.standard_normal((2, 37, 128)).astype(np.float32)
+        np.testing.assert_allclose(session.run({"tokens": tokens})["logits"],
+                                   retrained(torch.from_numpy(tokens)).detach().numpy(), atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.slow
@@ -281,3 +290,6 @@ def test_a_gru_sequence_encoder_builds_on_tvm_and_matches(tmp_path: Path) -> Non
     _tvm_verified_over_steps(result, 1)
     builds = result.manifest.networks["net"].artifacts["tvm"].facts["shape_builds"]
     assert [b["shapes"]["window"] for b in builds] == [[1, 6, 8], [4, 6, 8], [8, 6, 8]]
+    guard = next(s for s in result.manifest.networks["net"].stages if s["stage"] == "specialization guard")
+    # batch 1, 8 and the unnamed 6 (the min and max shapes are those): the window length is fixed
+    assert guard["detail"] == "1 input(s) match the recipe; the graph matches PyTorch at 3 more shape(s)", guard
