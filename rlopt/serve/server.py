@@ -21,7 +21,8 @@ from rlopt.serve.repository import Repository, ServeOptions
 log = logging.getLogger("rlopt.serve")
 
 GRACE_S = 30.0  # how long accepted gRPC calls may take to finish after shutdown begins
-GRPC_WORKERS = 64  # concurrent gRPC calls (each waits on its request's Future in its own thread)
+GRPC_WORKERS = 64
+BACKLOG = 2048  # concurrent gRPC calls (each waits on its request's Future in its own thread)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(BACKLOG)  # connections queue from now on, before the event loop serves them
     except OSError:
         sock.close()
         raise
