@@ -22,7 +22,11 @@ log = logging.getLogger("rlopt.serve")
 
 GRACE_S = 30.0  # how long accepted gRPC calls may take to finish after shutdown begins
 GRPC_WORKERS = 64
-BACKLOG = 2048  # concurrent gRPC calls (each waits on its request's Future in its own thread)
+BACKLOG = 2048
+# The event loop decodes requests while the batcher's worker waits for the GIL to run the next batch: at Python's
+# default 5 ms switch interval a woken worker waited ~4.5 ms per request under 16 clients; the server hands the GIL
+# over sooner.
+SWITCH_INTERVAL_S = 0.0002  # concurrent gRPC calls (each waits on its request's Future in its own thread)
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,9 @@ class Listen:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only then (else a response written in
+    # two parts waits for the client's delayed ACK, 40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -165,7 +171,9 @@ def serve(model_dir: Path | str, options: ServeOptions, listen: Listen, *, watch
           on_ready: Any = None) -> None:
     """Start, report the bound ports through `on_ready(server)`, serve until SIGTERM / SIGINT, drain."""
     import signal
+    import sys
 
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     server = Server(model_dir, options, listen, watch=watch,
                     housekeeping_s=min(1.0, max(0.05, options.sequence_idle_s / 4)))
     server.start()
