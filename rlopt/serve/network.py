@@ -66,11 +66,10 @@ class ServedNetwork:
             self.metrics.requests.labels(self.name, backend).inc()
         try:
             feeds, wanted = self._check(request)
-            if request.sequence_id is not None:
-                assert self.sequences is not None  # _check refused a sequence to a network without state
-                inner = self.sequences.step(request.sequence_id, request.sequence_start, request.sequence_end,
-                                            feeds, lambda f: self.batcher.submit(f, request.priority,
-                                                                                  request.timeout_us))
+            store = self.sequences  # _check refused sequence parameters for a network without state
+            if request.sequence_id is not None and store is not None:
+                inner = store.step(request.sequence_id, request.sequence_start, request.sequence_end, feeds,
+                                   lambda f: self.batcher.submit(f, request.priority, request.timeout_us))
             else:
                 inner = self.batcher.submit(feeds, request.priority, request.timeout_us)
         except Exception as exc:  # noqa: BLE001 -- every refusal becomes the request's error, the server goes on

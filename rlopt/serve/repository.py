@@ -21,6 +21,7 @@ from rlopt.serve.batcher import Batcher
 from rlopt.serve.errors import not_found
 from rlopt.serve.metrics import ServeMetrics
 from rlopt.serve.network import ServedNetwork
+from rlopt.serve.padding import plan_for
 from rlopt.serve.sequences import SequenceStore, state_pairs
 
 log = logging.getLogger("rlopt.serve")
@@ -108,6 +109,7 @@ class Repository:
         try:
             for network in self.networks.values():
                 network.session.reload(self.model_dir)
+                network.batcher.padding = plan_for(network.session)  # the new manifest's latencies
         except Exception as exc:  # noqa: BLE001 -- the old weights keep serving; the operator sees why
             log.error("reload of %s failed, still serving manifest %s: %s", self.model_dir, self.content_sha256[:12],
                       exc)
