@@ -7,6 +7,9 @@ where the manifest's latencies say that is faster (`padding.PaddingPlan`), runs 
 rows. It waits for more requests only while fewer rows are queued than the bucket's recent batches held, and never
 past the first request's `max_wait_us`: a lone caller is never kept waiting for company that does not come.
 A request past its `timeout_us` is failed with `RequestTimeout` and not run.
+
+`workers` threads take batches (default: one per usable core, as many runs as a Session shared by many threads
+would have in flight): while all are busy, requests queue and the next free worker runs them as one batch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from rlopt.machine import usable_cores
 from rlopt.runtime.session import check_feeds, check_indices, index_bounds
 from rlopt.serve.padding import Dims, PaddingPlan, plan_for
 
@@ -123,14 +127,16 @@ class Scheduler:
 class Batcher:
     """Thread-safe: `submit(feeds, priority=0, timeout_us=None) -> Future` of the outputs dict; `run(feeds)` waits.
 
-    `session` is an `rlopt.load` Session (or any object with `run`, `inputs` and `outputs`). One worker thread runs
-    the batches; `close()` answers every accepted request, then stops it. `on_batch(BatchStats)` sees each run.
+    `session` is an `rlopt.load` Session (or any object with `run`, `inputs` and `outputs`). `workers` threads run
+    the batches; `close()` answers every accepted request, then stops them. `on_batch(BatchStats)` sees each run.
     """
 
-    def __init__(self, session: Any, max_batch: int = 8, max_wait_us: float = 500, *,
+    def __init__(self, session: Any, max_batch: int = 8, max_wait_us: float = 500, *, workers: int | None = None,
                  padding: PaddingPlan | None = None, on_batch: Callable[[BatchStats], None] | None = None) -> None:
         if int(max_batch) < 1:
             raise ValueError(f"max_batch {max_batch}: must be >= 1")
+        if workers is not None and int(workers) < 1:
+            raise ValueError(f"workers {workers}: must be >= 1")
         if not max_wait_us >= 0:
             raise ValueError(f"max_wait_us {max_wait_us}: must be >= 0")
         self.session = session
@@ -145,8 +151,10 @@ class Batcher:
         self._clock = time.monotonic
         self._cond = threading.Condition()
         self._closed = False
-        self._worker = threading.Thread(target=self._loop, name="rlopt-batcher", daemon=True)
-        self._worker.start()
+        self._workers = [threading.Thread(target=self._loop, name=f"rlopt-batcher-{i}", daemon=True)
+                         for i in range(int(workers) if workers is not None else usable_cores())]
+        for worker in self._workers:
+            worker.start()
 
     @property
     def queued(self) -> int:
@@ -180,12 +188,13 @@ class Batcher:
         return self.submit(feeds, priority, timeout_us).result()
 
     def close(self) -> None:
-        """Take no new requests, run every queued one, stop the worker."""
+        """Take no new requests, run every queued one, stop the workers."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        if self._worker is not threading.current_thread():
-            self._worker.join()
+            self._cond.notify_all()
+        for worker in self._workers:
+            if worker is not threading.current_thread():
+                worker.join()
 
     def __enter__(self) -> Batcher:
         return self

@@ -119,7 +119,7 @@ def queue_behind_gate(batcher: Batcher, session: FakeSession, values: list[float
 
 def test_stacked_requests_get_their_own_rows_back() -> None:
     session = FakeSession(gate=threading.Event())
-    with Batcher(session, max_batch=8, max_wait_us=0, padding=PaddingPlan()) as batcher:
+    with Batcher(session, max_batch=8, max_wait_us=0, workers=1, padding=PaddingPlan()) as batcher:
         futures = queue_behind_gate(batcher, session, [float(v) for v in range(1, 11)])
         results = [f.result(10) for f in futures]
     for value, result in zip(range(1, 11), results):
@@ -134,7 +134,7 @@ def test_padding_to_a_named_shape_when_recorded_faster() -> None:
     assert plan.target_rows(((3,),), 12) == 16  # 16 rows recorded at 60 us; 12 estimated at 48 x 2 = 96: pads
     assert PaddingPlan(plan.named, other_factor=1.0).target_rows(((3,),), 12) == 12  # 48 < 60: no padding
     assert plan.target_rows(((5,),), 3) == 3  # dims with no named shape are never padded
-    with Batcher(session, max_batch=8, max_wait_us=0, padding=plan) as batcher:
+    with Batcher(session, max_batch=8, max_wait_us=0, workers=1, padding=plan) as batcher:
         futures = queue_behind_gate(batcher, session, [1.0, 2.0, 3.0])
         results = [f.result(10) for f in futures]
     assert session.calls[1:] == [4]  # three rows ran as the named four
@@ -144,7 +144,7 @@ def test_padding_to_a_named_shape_when_recorded_faster() -> None:
 
 def test_priority_runs_first_and_timeouts_fail_without_running() -> None:
     session = FakeSession(gate=threading.Event())
-    with Batcher(session, max_batch=1, max_wait_us=0) as batcher:
+    with Batcher(session, max_batch=1, max_wait_us=0, workers=1) as batcher:
         first = batcher.submit({"x": np.zeros((1, 3), np.float32)})
         assert session.entered.wait(10)
         low = batcher.submit({"x": np.full((1, 3), 1.0, np.float32)}, priority=0)
@@ -162,7 +162,7 @@ def test_priority_runs_first_and_timeouts_fail_without_running() -> None:
 def test_a_failing_request_fails_alone() -> None:
     session = FakeSession(gate=threading.Event())
     session.fail_on = 3.0
-    with Batcher(session, max_batch=8, max_wait_us=0) as batcher:
+    with Batcher(session, max_batch=8, max_wait_us=0, workers=1) as batcher:
         futures = queue_behind_gate(batcher, session, [1.0, 3.0, 5.0])
         with pytest.raises(RuntimeError, match="breaks"):
             futures[1].result(10)
@@ -183,6 +183,8 @@ def test_checks_refuse_bad_feeds_and_close_drains() -> None:
         batcher.submit({"x": np.ones((1, 3), np.float32)})
     with pytest.raises(ValueError, match="max_batch"):
         Batcher(session, max_batch=0)
+    with pytest.raises(ValueError, match="workers"):
+        Batcher(session, workers=0)
 
 
 def test_outputs_without_rows_make_every_request_run_alone() -> None:
@@ -195,7 +197,7 @@ def test_outputs_without_rows_make_every_request_run_alone() -> None:
             return {"y": feeds["x"].sum(keepdims=True)[0], "rows": np.zeros(1)}
 
     session = Pooled(gate=threading.Event())
-    with Batcher(session, max_batch=8, max_wait_us=0, padding=PaddingPlan()) as batcher:
+    with Batcher(session, max_batch=8, max_wait_us=0, workers=1, padding=PaddingPlan()) as batcher:
         futures = queue_behind_gate(batcher, session, [1.0, 2.0])
         assert [f.result(10)["y"][0] for f in futures] == [3.0, 6.0]
         assert batcher.scheduler.stackable is False
@@ -206,7 +208,7 @@ def test_a_real_session_at_sixteen_threads(ort_tiny: Path) -> None:
     inputs = [rng.standard_normal((1 + i % 3, 3, 32)).astype(np.float32) for i in range(16)]
     with rlopt.load(ort_tiny, "policy") as session:
         expected = [session.run({"input0": x})["logits"] for x in inputs]
-        with rlopt.Batcher(session, max_batch=8, max_wait_us=200) as batcher:
+        with rlopt.Batcher(session, max_batch=8, max_wait_us=200, workers=2) as batcher:
             got: list[list[np.ndarray]] = [[] for _ in inputs]
             barrier = threading.Barrier(16)
 
