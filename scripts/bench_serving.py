@@ -84,20 +84,25 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def load(args: list[str], clients: int, duration: float) -> dict[str, Any]:
-    """`clients` callers over up to CLIENT_PROCESSES load processes, started together; merged figures."""
-    processes = min(clients, CLIENT_PROCESSES)
-    start = time.time() + 3.0
-    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
-    running = [subprocess.Popen([sys.executable, str(LOAD), *args[:4], str(share), str(start), str(duration),
-                                 *args[4:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-               for share in shares]
+def started(commands: list[list[str]], duration: float) -> list[dict[str, Any]]:
+    """Run load processes together: each sets up, says `ready`, then all are told one start time; their results."""
+    running = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env()) for command in commands]
+    for process in running:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"bench_serving: a load process failed to start: {process.communicate()[1][-400:]}")
+    start = time.time() + 0.5
     parts = []
     for process in running:
-        out, err = process.communicate(timeout=duration + 300)
+        out, err = process.communicate(f"{start}\n", timeout=duration + 300)
         if process.returncode != 0:
             raise SystemExit(f"bench_serving: a load process failed: {err[-400:]}")
         parts.append(json.loads(out.strip().splitlines()[-1]))
+    return parts
+
+
+def merged(parts: list[dict[str, Any]], clients: int, duration: float) -> dict[str, Any]:
     import numpy as np
 
     latencies = np.concatenate([np.asarray(p["latencies_us"], dtype=np.float64) for p in parts])
@@ -106,6 +111,14 @@ def load(args: list[str], clients: int, duration: float) -> dict[str, Any]:
     return {"clients": clients, "requests": requests, "failures": sum(p["failures"] for p in parts),
             "errors": [e for p in parts for e in p["errors"]][:3], "throughput_rps": round(requests / duration, 1),
             "p50_us": round(p50, 1), "p99_us": round(p99, 1)}
+
+
+def load(args: list[str], clients: int, duration: float) -> dict[str, Any]:
+    """`clients` HTTP callers over up to CLIENT_PROCESSES load processes, timed together; merged figures."""
+    processes = min(clients, CLIENT_PROCESSES)
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    return merged(started([[sys.executable, str(LOAD), *args, str(share), str(duration)] for share in shares],
+                          duration), clients, duration)
 
 
 def measure_run(models: dict[str, Path], duration: float, concurrency: tuple[int, ...]) -> dict[str, Any]:
@@ -137,20 +150,9 @@ def measure_run(models: dict[str, Path], duration: float, concurrency: tuple[int
 def inproc(model_dir: Path, network: str, spec_text: str, mode: str, threads: int, duration: float
            ) -> dict[str, Any]:
     """An in-process candidate: every thread in one fresh process (the point is the shared Session / Batcher)."""
-    start = time.time() + 3.0
-    done = subprocess.run([sys.executable, str(LOAD), "inproc", str(model_dir), network, spec_text, str(threads),
-                           str(start), str(duration), mode, str(MAX_BATCH), str(MAX_WAIT_US)],
-                          capture_output=True, text=True, env=env(), timeout=duration + 300)
-    if done.returncode != 0:
-        raise SystemExit(f"bench_serving: an in-process candidate failed: {done.stderr[-400:]}")
-    part = json.loads(done.stdout.strip().splitlines()[-1])
-    import numpy as np
-
-    latencies = np.asarray(part["latencies_us"], dtype=np.float64)
-    p50, p99 = np.percentile(latencies, [50, 99]) if latencies.size else (float("nan"),) * 2
-    return {"clients": threads, "requests": part["requests"], "failures": part["failures"], "errors": part["errors"],
-            "throughput_rps": round(part["requests"] / duration, 1), "p50_us": round(float(p50), 1),
-            "p99_us": round(float(p99), 1)}
+    command = [sys.executable, str(LOAD), "inproc", str(model_dir), network, spec_text, str(threads), str(duration),
+               mode, str(MAX_BATCH), str(MAX_WAIT_US)]
+    return merged(started([command], duration), threads, duration)
 
 
 def soak(model_dir: Path, network: str, seconds: float) -> dict[str, Any]:
@@ -197,17 +199,18 @@ def summarize(runs: list[dict[str, Any]], latencies: dict[str, float]) -> dict[s
     def at(name: str, label: str, clients: int) -> dict[str, Any] | None:
         return next((r for r in table.get(name, {}).get(label, []) if r["clients"] == clients), None)
 
+    def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+        return a["throughput_rps"] / b["throughput_rps"] if b["throughput_rps"] else float("nan")
+
     atari = [at("atari-cnn", label, 16) for label in ("http batcher", "http max-batch 1", "in-process Batcher",
                                                       "in-process shared Session")]
     if all(atari):
-        http, inproc_ratio = (atari[0]["throughput_rps"] / atari[1]["throughput_rps"],  # type: ignore[index]
-                              atari[2]["throughput_rps"] / atari[3]["throughput_rps"])  # type: ignore[index]
+        http, inproc_ratio = ratio(atari[0], atari[1]), ratio(atari[2], atari[3])  # type: ignore[arg-type]
         verdicts["atari 16 HTTP clients: batcher / max-batch 1 >= 1.2"] = [round(http, 3), http >= 1.2]
         verdicts["atari 16 threads: Batcher / shared Session >= 1.5"] = [round(inproc_ratio, 3), inproc_ratio >= 1.5]
     policy = table.get("policy-value-heads", {})
     if policy:
-        ratios = [b["throughput_rps"] / o["throughput_rps"] for b, o in zip(policy["http batcher"],
-                                                                          policy["http max-batch 1"])]
+        ratios = [ratio(b, o) for b, o in zip(policy["http batcher"], policy["http max-batch 1"])]
         verdicts["default policy: batcher / max-batch 1 >= 0.95 at every concurrency"] = [
             [round(r, 3) for r in ratios], min(ratios) >= 0.95]
         one, sixteen = at("policy-value-heads", "http batcher", 1), at("policy-value-heads", "http batcher", 16)

@@ -1,12 +1,14 @@
 """One load process of scripts/bench_serving.py; prints one JSON line: requests, failures, latencies (us).
 
-  http URL NETWORK SPEC THREADS START DURATION   closed-loop batch-1 clients (tritonclient.http, binary tensors),
-                                                 one per thread, from wall time START for DURATION seconds
-  inproc MODEL_DIR NETWORK SPEC THREADS START DURATION MODE MAX_BATCH MAX_WAIT_US
+  http URL NETWORK SPEC THREADS DURATION         closed-loop batch-1 clients (tritonclient.http, binary tensors),
+                                                 one per thread, for DURATION seconds
+  inproc MODEL_DIR NETWORK SPEC THREADS DURATION MODE MAX_BATCH MAX_WAIT_US
                                                  the same from threads in this process: MODE `session` (one
                                                  Session shared by the threads) or `batcher` (rlopt.Batcher)
 
-SPEC is JSON: input name -> [dtype, shape]. Each caller sends its own fixed random input.
+SPEC is JSON: input name -> [dtype, shape]. Each caller sends its own fixed random input. Once set up, the
+process prints `ready` and reads the wall time to start at from stdin, so that every load process of a point
+(started by scripts/bench_serving.py) times the same window however long its imports took.
 """
 
 from __future__ import annotations
@@ -101,16 +103,22 @@ def inproc_callers(model_dir: str, network: str, spec: dict[str, list[Any]], thr
     return [lambda f=f: target.run(f) for f in feeds], close
 
 
+def start_time() -> float:
+    print("ready", flush=True)
+    return float(sys.stdin.readline())
+
+
 def main(argv: list[str]) -> int:
-    kind, where, network, spec_text, threads, start, duration = argv[:7]
+    kind, where, network, spec_text, threads, duration = argv[:6]
     spec = json.loads(spec_text)
     if kind == "http":
-        result = drive(http_callers(where, network, spec, int(threads)), float(start), float(duration))
+        callers = http_callers(where, network, spec, int(threads))
+        result = drive(callers, start_time(), float(duration))
     else:
-        mode, max_batch, max_wait_us = argv[7:10]
+        mode, max_batch, max_wait_us = argv[6:9]
         callers, close = inproc_callers(where, network, spec, int(threads), mode, int(max_batch), float(max_wait_us))
         try:
-            result = drive(callers, float(start), float(duration))
+            result = drive(callers, start_time(), float(duration))
         finally:
             close()
     print(json.dumps(result))

@@ -27,8 +27,8 @@ class ServeMetrics:
                                buckets=LATENCY_BUCKETS, registry=registry)
         self.compute = Histogram("rlopt_compute_seconds", "Time of one batched Session.run", ["network", "backend"],
                                  buckets=LATENCY_BUCKETS, registry=registry)
-        self.latency = Histogram("rlopt_request_seconds", "End-to-end time of a request in the server, decode to "
-                                 "answer", ["network"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.latency = Histogram("rlopt_request_seconds", "End-to-end time of a request in the server, from its "
+                                 "check to its answer", ["network"], buckets=LATENCY_BUCKETS, registry=registry)
         self.batch_rows = Histogram("rlopt_batch_size", "Rows stacked into one Session.run (before padding)",
                                     ["network"], buckets=BATCH_BUCKETS, registry=registry)
         self.padded = Counter("rlopt_padded_rows", "Zero rows added to reach a named shape", ["network"],
