@@ -226,3 +226,19 @@ def test_a_real_session_at_sixteen_threads(ort_tiny: Path) -> None:
         assert len(answers) == 20
         for answer in answers:
             np.testing.assert_allclose(answer, reference, rtol=1e-3, atol=1e-5)
+
+
+def test_the_padding_plan_reads_the_manifests_latencies(ort_tiny: Path) -> None:
+    from rlopt.manifest import read_manifest
+    from rlopt.serve.padding import padding_plan
+
+    record = read_manifest(ort_tiny).networks["policy"]
+    plan = padding_plan(record, {"other": "onnxruntime"})
+    latency = record.artifacts["onnxruntime"].latency_us
+    assert plan.named == {((1, 32),): [(1, latency["min"].p50)], ((3, 32),): [(2, latency["opt"].p50)],
+                          ((6, 32),): [(4, latency["max"].p50)]}
+    assert plan.other_factor == 1.0  # ONNX Runtime serves every shape by the same path
+    assert plan.target_rows(((3, 32),), 1) in (1, 2)
+    with rlopt.load(ort_tiny, "policy") as session:
+        with rlopt.Batcher(session, workers=1) as batcher:
+            assert batcher.padding == padding_plan(session.record, session.routes)
