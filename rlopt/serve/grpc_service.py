@@ -77,6 +77,10 @@ def servicer(repository: Repository, is_ready: Callable[[], bool]) -> Any:
     def abort(context: Any, error: InferError) -> None:
         context.abort(getattr(grpc.StatusCode, error.grpc_code), str(error))
 
+    def refuse_repository(context: Any) -> None:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server loads no model a client names: it serves the "
+                      "MODEL_DIR given to 'rlopt serve'")
+
     class Service(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         def ServerLive(self, request: Any, context: Any) -> Any:
             return pb.ServerLiveResponse(live=True)
@@ -105,6 +109,15 @@ def servicer(repository: Repository, is_ready: Callable[[], bool]) -> Any:
                        for side in ("inputs", "outputs")}
             return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
                                             **tensors)
+
+        def RepositoryIndex(self, request: Any, context: Any) -> Any:
+            refuse_repository(context)
+
+        def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+            refuse_repository(context)
+
+        def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+            refuse_repository(context)
 
         def ModelInfer(self, request: Any, context: Any) -> Any:
             try:

@@ -169,3 +169,29 @@ def test_watch_reloads_when_the_manifest_changes(compiled: CompileFactory, ort_t
 
         assert f'content_sha256="{read_manifest(other).content_sha256}"' in text
         assert f'content_sha256="{read_manifest(ort_tiny).content_sha256}"' not in text
+
+
+def test_drift_gauge_and_manifest_label_follow_the_loaded_manifest() -> None:
+    from prometheus_client import generate_latest
+
+    from rlopt.manifest import Drift
+    from rlopt.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    metrics.loaded("a" * 64, {"policy": None})
+    metrics.loaded("b" * 64, {"policy": Drift(kl_mean=0.01, kl_max=0.25, compared=8)})
+    text = generate_latest(metrics.registry).decode()
+    assert f'rlopt_manifest_info{{content_sha256="{"b" * 64}"}} 1.0' in text and "a" * 64 not in text
+    assert _metric(text, 'rlopt_reload_drift_kl{network="policy",statistic="max"}') == 0.25
+    assert _metric(text, 'rlopt_reload_drift_kl{network="policy",statistic="mean"}') == 0.01
+
+
+def test_no_endpoint_loads_a_model_a_client_names(tiny_server: Server, tmp_path: Path) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{tiny_server.grpc_port}")
+    with pytest.raises(Exception) as caught:
+        client.load_model(str(tmp_path))
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"  # type: ignore[attr-defined]
+    assert "MODEL_DIR" in caught.value.message()  # type: ignore[attr-defined]
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{tiny_server.http_port}")
+    with pytest.raises(Exception, match="not an endpoint"):
+        http.load_model(str(tmp_path))
