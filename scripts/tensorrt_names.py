@@ -54,12 +54,14 @@ def referenced_literals(library: Path) -> set[str]:
 
 
 def python_names(init: Path) -> set[str]:
-    """Names the package's __init__.py defines: top-level functions, classes and assignments, and attributes it
-    sets on the bindings' classes (`DataType.itemsize = ...`)."""
+    """Names the package's __init__.py defines: top-level functions (and their parameters), classes and
+    assignments, and attributes it sets on the bindings' classes (`DataType.itemsize = ...`)."""
     names = set()
     for node in ast.walk(ast.parse(init.read_text())):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.col_offset == 0:
             names.add(node.name)
+            if isinstance(node, ast.FunctionDef):
+                names.update(argument.arg for argument in node.args.args)
         elif isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Name) and target.col_offset == 0:
