@@ -1,5 +1,5 @@
-"""`rlopt verify` and an artifact this machine cannot check (contract sections 7 and 11): "unverified here: <reason>",
-exit 0; exit 1 with `--strict`. Never reported as "ok"."""
+"""`rlopt verify` and `rlopt inspect` on GPU artifacts (contract sections 7 and 11): an artifact this machine cannot
+check is "unverified here: <reason>", exit 0, exit 1 with `--strict`, never "ok"; inspect shows the GPU's identity."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from tests.conftest import run_rlopt
 from tests.refit.conftest import reseal
 
 CUDA_REASON = "TorchScript on CUDA needs an NVIDIA GPU and a CUDA build of torch"
+A10G = {"name": "NVIDIA A10G", "compute_capability": "8.6", "driver": "550.54.15", "cuda_runtime": "12.8",
+        "tensorrt": None}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,7 @@ def cuda_artifact_dir(tiny_compiled: Path, tmp_path_factory: pytest.TempPathFact
 
     def on_cuda(document: dict) -> None:
         for network in document["networks"].values():
-            network["artifacts"]["torchscript"]["facts"].update(device="cuda", cuda_graphs=True)
+            network["artifacts"]["torchscript"]["facts"].update(device="cuda", cuda_graphs=True, gpu=A10G)
 
     reseal(target, on_cuda)
     return target
@@ -75,3 +77,11 @@ def test_a_library_that_cannot_start_at_verify_time_is_unverified(tiny_copy: Pat
     monkeypatch.setattr(verify, "open_artifact", fails_for_onnxruntime)
     report = verify_model_dir(tiny_copy)
     assert report.passed and {f.detail for f in report.unverified} == {"unverified here: CUDA did not start (test)"}
+
+
+def test_inspect_shows_the_gpu_each_gpu_artifact_was_built_on(cuda_artifact_dir: Path) -> None:
+    inspect = run_rlopt("inspect", str(cuda_artifact_dir))
+    assert inspect.returncode == 0, inspect.stderr
+    lines = [line.strip() for line in inspect.stdout.splitlines()]
+    assert lines.count("torchscript: GPU NVIDIA A10G (compute 8.6), driver 550.54.15, CUDA 12.8") == 2
+    assert not any(line.startswith(("onnxruntime: GPU", "tvm: GPU")) for line in lines)

@@ -70,9 +70,21 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
             if serving is not None:
                 stdout.print(f"  {backend}: shapes without their own library: {OTHER_SHAPES[serving]}"
                              + _padding_note(record.facts, serving), markup=False)
+            if record.facts.get("gpu"):
+                stdout.print(f"  {backend}: {gpu_line(record.facts['gpu'])}", markup=False)
             if record.facts.get("notice"):
                 stdout.print(f"  {backend}: [yellow]{record.facts['notice']}[/]")
     stdout.print(summary_table(manifest))
+
+
+def gpu_line(gpu: dict[str, Any]) -> str:
+    """'GPU NVIDIA A10G (compute 8.6), driver 550.54.15, CUDA 12.8, TensorRT 10.13.3.9': where it was built."""
+    parts = [f"driver {gpu['driver']}" if gpu.get("driver") else "",
+             f"CUDA {gpu['cuda_runtime']}" if gpu.get("cuda_runtime") else "",
+             f"TensorRT {gpu['tensorrt']}" if gpu.get("tensorrt") else ""]
+    compute = f" (compute {gpu['compute_capability']})" if gpu.get("compute_capability") else ""
+    return f"GPU {gpu.get('name') or '(name unknown)'}{compute}" + \
+        "".join(f", {part}" for part in parts if part)
 
 
 OTHER_SHAPES = {"padded": "zero-padded into the smallest bigger tuned library", "dynamic": "the dynamic library"}
