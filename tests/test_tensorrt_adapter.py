@@ -242,3 +242,21 @@ def test_real_engine_builds_and_matches_onnxruntime(precision: str, tmp_path: Pa
     runner.close()
     atol, rtol = (1e-4, 1e-3) if precision == "fp32" else (1e-2, 1e-2)
     assert np.all(np.abs(got - expected) <= atol + rtol * np.abs(expected)), precision
+
+
+def test_a_compile_where_cuda_cannot_start_skips_tensorrt_with_the_reason(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole compile: TensorRT 'installed', its Builder null (CUDA failed): skipped, the rest verified, no crash."""
+    from rlopt.compile import compile_recipe
+    from rlopt.compile.cache import StageCache
+    from rlopt.manifest import read_manifest
+    from tests.conftest import write_tiny_recipe
+    from tests.tensorrt_models import open_the_gate
+
+    open_the_gate(monkeypatch, make_tensorrt("10.13.3", cuda_fails=True))
+    recipe = write_tiny_recipe(tmp_path, backends="[torchscript, tensorrt]")
+    result = compile_recipe(recipe, tmp_path / "out", cache=StageCache(enabled=False))
+    assert result.passed, result.failures
+    for network in read_manifest(result.model_dir).networks.values():
+        assert "could not create its builder" in (network.artifacts["tensorrt"].skipped or "")
+        assert network.artifacts["torchscript"].verified
