@@ -53,12 +53,12 @@ def test_tvm_is_imported_before_torch_and_torch_imports_after() -> None:
     assert proc.stdout.split() == ["False", "False", "6.0", "3.0"]
 
 
-def test_a_torchscript_and_onnxruntime_recipe_compiles_and_runs_without_tvm_tensorrt_or_the_cli(tmp_path) -> None:
+def test_a_torchscript_recipe_compiles_and_runs_without_tvm_tensorrt_or_the_cli(tmp_path) -> None:
     """A GPU machine with CUDA torch, numpy, onnx and onnxruntime only (scripts/gpu_check.sh's): no apache-tvm, no
-    TensorRT, no typer / rich / matplotlib. The library compiles such a recipe, loads it and runs it."""
+    TensorRT, no typer / rich / matplotlib. The library compiles a torchscript-only recipe, loads it and runs it."""
     from tests.conftest import write_tiny_recipe
 
-    recipe = write_tiny_recipe(tmp_path, backends="[torchscript, onnxruntime]")
+    recipe = write_tiny_recipe(tmp_path, backends="[torchscript]")
     absent = ("tvm", "tvm_ffi", "tensorrt", "typer", "rich", "matplotlib")
     code = (f"import sys\nfor name in {absent!r}:\n    sys.modules[name] = None\n"
             "import numpy as np\nimport rlopt\nfrom rlopt.compile import compile_recipe\n"
