@@ -202,3 +202,19 @@ def test_graphs_on_the_gpu_match_eager_pytorch_on_the_gpu(tmp_path: Path) -> Non
             expected = module(torch.from_numpy(x).cuda()).cpu().numpy()
         np.testing.assert_allclose(runner.infer({"obs": x})[0], expected, atol=1e-4, rtol=1e-3)
     runner.close()
+
+
+def test_cuda_failing_when_the_module_loads_is_a_skip_and_a_bad_file_an_artifact_error(
+        tmp_path: Path, on_fake_cuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.errors import ArtifactError, BackendUnavailable
+
+    (tmp_path / "broken.ts").write_bytes(b"not torchscript")
+    with pytest.raises(ArtifactError, match="not a loadable TorchScript file"):
+        CudaTorchScriptRunner(tmp_path / "broken.ts", ["obs"], _facts(), torch=on_fake_cuda)
+
+    def cuda_error(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA error: no CUDA-capable device is detected")
+
+    monkeypatch.setattr(torch.jit, "load", cuda_error)
+    with pytest.raises(BackendUnavailable, match="TorchScript on CUDA could not start \\(CUDA error: no CUDA"):
+        CudaTorchScriptRunner(_scripted(Heads(), tmp_path), ["obs"], _facts(), torch=on_fake_cuda)

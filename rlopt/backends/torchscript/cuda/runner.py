@@ -49,7 +49,10 @@ class CudaTorchScriptRunner(Runner):
         try:
             module = torch.jit.load(str(path), map_location=self._device).eval()
         except RuntimeError as exc:
-            raise ArtifactError(located(path, "", f"not a loadable TorchScript file ({str(exc).splitlines()[0]})",
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if "CUDA" in str(exc):  # the GPU, not the file: a skip with the reason
+                raise BackendUnavailable(f"TorchScript on CUDA could not start ({first})") from None
+            raise ArtifactError(located(path, "", f"not a loadable TorchScript file ({first})",
                                         "recompile MODEL_DIR")) from None
         self._module = module.to(self._compute) if self._compute is not None else module
         dtypes = {name: np.dtype(facts.input_dtypes.get(name, "float32")) for name in input_names}
