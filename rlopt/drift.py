@@ -51,7 +51,7 @@ class Difference:
             finite = np.isfinite(a) & np.isfinite(b)
             if not (np.isfinite(a) == np.isfinite(b)).all() or not (a[~finite] == b[~finite]).all():
                 self.max_abs = self.max_rel = float("inf")  # an infinity or NaN where the other has something else
-            diff = np.abs(a - b)[finite]
+            diff = np.abs(a[finite] - b[finite])
             if diff.size:
                 self.max_abs = max(self.max_abs, float(diff.max()))
                 scale = np.abs(a[finite])
