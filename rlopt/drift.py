@@ -41,7 +41,7 @@ class Difference:
     """Running element-wise differences of new against old over every output compared so far."""
 
     max_abs: float = 0.0
-    max_rel: float = 0.0  # largest |new - old| / |old| where old is a finite non-zero number
+    max_rel: float = 0.0  # largest |new - old| / |old| where old is a finite number other than 0
     squared_diff: float = 0.0
     squared_old: float = 0.0
 
@@ -56,10 +56,8 @@ class Difference:
                 self.max_abs = max(self.max_abs, float(diff.max()))
                 scale = np.abs(a[finite])
                 nonzero = scale > 0
-                if nonzero.any():
+                if nonzero.any():  # where old is 0 a relative difference means nothing: max_abs holds it
                     self.max_rel = max(self.max_rel, float((diff[nonzero] / scale[nonzero]).max()))
-                if (diff[~nonzero] > 0).any():
-                    self.max_rel = float("inf")
             self.squared_diff += float(np.square(diff).sum())
             self.squared_old += float(np.square(a[finite]).sum())
 

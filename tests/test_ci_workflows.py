@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from xml.etree import ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,14 +217,29 @@ def stages_cached(model_dir: Path) -> list[str]:
             if "cache" in stage]
 
 
-def check_second_run(workspace: Path, run: Run, baseline: str) -> None:
-    assert run.passed, "\n".join(run.outputs)
+ROUTE_CHANGED = re.compile(r", route (.+?) -> (.+?)\) > max_latency_ratio")
+
+
+def check_second_run(workspace: Path, run: Run, baseline: str) -> bool:
+    """The second run compiled from the cache and diffed against `baseline`. It passes the gate, or fails it only
+    at shapes whose `auto` route changed: each compile measures the routes anew, and on a busy machine it can pick
+    a slower backend or thread configuration (the default value net's 8x16x768 can move from ONNX Runtime to TVM
+    at 1.5-1.7x its latency, a shape from ONNX Runtime's pool to one thread at 1.3x), which is what the gate is
+    for. Returns whether it passed."""
     verdicts = stages_cached(workspace / "model-dir")
     assert verdicts and set(verdicts) == {"hit"}, verdicts
     SCHEMA.validate(str(workspace / "rlopt-diff.xml"))
-    report = (workspace / "rlopt-diff.xml").read_text()
-    assert f'<property name="old_dir" value="{baseline}" />' in report and 'name="latency ' in report
-    assert "<failure" not in report
+    root = ElementTree.parse(workspace / "rlopt-diff.xml").getroot()
+    properties = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert properties["old_dir"] == baseline and properties["new_dir"] == "model-dir"
+    assert any(case.get("name", "").startswith("latency ") for case in root.iter("testcase"))
+    failures = [failure.get("message", "") for failure in root.iter("failure")]
+    for line in failures:
+        changed = ROUTE_CHANGED.search(line)
+        assert changed and changed.group(1) != changed.group(2), ("a regression between builds of one recipe, "
+                                                                  "not explained by a changed route", line)
+    assert run.passed is not bool(failures), "\n".join(run.outputs)
+    return run.passed
 
 
 def run_twice(kind: str, variant: Variant, tmp_path: Path) -> tuple[Run, Run, Path, Path]:
@@ -253,8 +269,9 @@ def check_github(variant: Variant, tmp_path: Path) -> None:
     assert (released / "model-dir" / "manifest.json").is_file()
     assert list((released / "warmup-report").glob("warmup-*.json"))
     assert (tmp_path / "store" / "cache").is_dir()
-    check_second_run(two, second, "baseline")
-    assert second.summary.startswith("### rlopt diff: `baseline` -> `model-dir`\n\n**No regression**")
+    passed = check_second_run(two, second, "baseline")
+    verdict = "**No regression**" if passed else "regression"
+    assert second.summary.startswith("### rlopt diff: `baseline` -> `model-dir`\n\n") and verdict in second.summary
     html = MarkdownIt("commonmark").enable("table").render(second.summary)
     assert html.count("<table>") == 2 and "<td>policy</td>" in html
 

@@ -48,6 +48,9 @@ def compile_command(
         from rlopt.tools.diff.pair import read_checked
         from rlopt.tools.diff.report import check_writable
 
+        if output is not None and output.resolve() == baseline.resolve():
+            raise UsageError(f"{baseline}: --baseline is the MODEL_DIR this compile replaces (-o); fix: compile into "
+                             "another -o, or copy the release elsewhere first")
         read_checked(baseline)
         check_writable(junit)
     if not agent and (vecnormalize is not None or env is not None):

@@ -121,5 +121,7 @@ def test_one_line_errors_exit_2(ort_compiled: Path, tmp_path: Path) -> None:
     assert_one_line_error(run_rlopt("compile", str(recipe), "-o", str(tmp_path / "x"), "--baseline", str(missing)), 2,
                           "MODEL_DIR not found")
     assert not (tmp_path / "x").exists()  # refused before compiling
+    assert_one_line_error(run_rlopt("compile", str(recipe), "-o", str(other), "--baseline", str(other)), 2,
+                          "--baseline is the MODEL_DIR this compile replaces (-o)")
     assert_one_line_error(run_rlopt("compile", str(recipe), "-o", str(tmp_path / "y"), "--junit",
                                     str(tmp_path / "d.xml")), 2, "--junit writes the diff's report")

@@ -97,15 +97,24 @@ def test_backend_changes_and_file_changes(policy: NetworkRecord) -> None:
     assert files.same == len(network_files(new)) - 1
 
 
-def test_routes_by_shape_label_and_changes(policy: NetworkRecord) -> None:
+def test_routes_by_shape_label_with_onnxruntime_threads_and_changes(policy: NetworkRecord) -> None:
     new = policy.model_copy(deep=True)
-    new.facts["auto_routes"] = {"1x1x32": "tvm", "other": "onnxruntime"}
+    new.facts.update(auto_routes={"1x1x32": "tvm", "2x3x32": "onnxruntime", "other": "onnxruntime"},
+                     auto_onnxruntime_threads=1, auto_onnxruntime_shape_threads={"4x6x32": 0},
+                     auto_onnxruntime_spinning=True)
     new.selected = "tvm"
     assert route_at(new, {"input0": [1, 1, 32]}) == "tvm"
-    assert route_at(new, {"input0": [4, 6, 32]}) == "onnxruntime"  # no route of its own: `other`
-    changed = {c.name: (c.old, c.new) for c in route_changes(policy, new) if c.changed}
-    assert changed["selected"] == ("onnxruntime", "tvm") and changed["1x1x32"] == ("onnxruntime", "tvm")
-    assert ("4x6x32" in changed) is ("4x6x32" in policy.facts["auto_routes"])  # dropped from the table: a change
+    assert route_at(new, {"input0": [2, 3, 32]}) == "onnxruntime (1 thread)"
+    assert route_at(new, {"input0": [4, 6, 32]}) == "onnxruntime (pool)"  # no route of its own: `other`'s backend
+    new.facts["auto_onnxruntime_spinning"] = False
+    assert route_at(new, {"input0": [2, 2, 32]}) == "onnxruntime (1 thread, not spinning)"
+    old = policy.model_copy(deep=True)
+    old.facts.update(auto_routes={"1x1x32": "onnxruntime", "2x3x32": "onnxruntime", "other": "onnxruntime"},
+                     auto_onnxruntime_threads=None, auto_onnxruntime_shape_threads={})
+    changed = {c.name: (c.old, c.new) for c in route_changes(old, new) if c.changed}
+    assert changed == {"selected": ("onnxruntime", "tvm"), "1x1x32": ("onnxruntime (pool)", "tvm"),
+                       "2x3x32": ("onnxruntime (pool)", "onnxruntime (1 thread, not spinning)"),
+                       "other": ("onnxruntime (pool)", "onnxruntime (1 thread, not spinning)")}
 
 
 def thresholds(**given: object) -> Thresholds:

@@ -19,6 +19,7 @@ import numpy as np
 from rlopt.backends import facts_of
 from rlopt.facts import NetworkFacts
 from rlopt.manifest import BackendRecord, Manifest, NetworkRecord, shape_label
+from rlopt.runtime.routes import OTHER
 from rlopt.tools.bench.protocol import aa_noise, paired_ratio
 from rlopt.tools.diff.schema import Change, DriftResult, FileChanges, NetworkDiff, ShapeLatency, Thresholds
 
@@ -69,10 +70,23 @@ def is_latency_regression(ratio: float, noise: float, max_ratio: float) -> bool:
     return ratio > max_ratio and ratio > noise
 
 
-def route_at(record: NetworkRecord, shape: Mapping[str, Sequence[int]]) -> str | None:
-    """The backend `auto` runs at `shape`, as the manifest records it (its `other` route, else `selected`)."""
-    routes = NetworkFacts.of(record.facts).auto_routes
-    return routes.get(shape_label(shape.values()), routes.get("other", record.selected))
+def route(record: NetworkRecord, label: str) -> str:
+    """What `auto` runs at a shape label (or `other`), as the manifest records it: the backend, and for ONNX Runtime
+    its intra-op threads there ('1 thread', 'pool') and whether it spins. A label without a route of its own runs
+    the `other` route; a MODEL_DIR without routes runs `selected`."""
+    facts = NetworkFacts.of(record.facts)
+    backend = facts.auto_routes.get(label, facts.auto_routes.get(OTHER, record.selected))
+    if backend != "onnxruntime":
+        return str(backend)
+    artifact = record.artifacts.get(backend)
+    built = artifact.facts.get("intra_op_threads") if artifact is not None else None
+    threads = facts.auto_onnxruntime_shape_threads.get(label, facts.auto_onnxruntime_threads or built or 0)
+    text = "1 thread" if threads == 1 else f"{threads} threads" if threads else "pool"
+    return f"onnxruntime ({text}{', not spinning' if facts.auto_onnxruntime_spinning is False else ''})"
+
+
+def route_at(record: NetworkRecord, shape: Mapping[str, Sequence[int]]) -> str:
+    return route(record, shape_label(shape.values()))
 
 
 def backend_status(record: BackendRecord | None) -> str | None:
@@ -101,11 +115,12 @@ def backend_changes(old: NetworkRecord, new: NetworkRecord) -> list[Change]:
 
 
 def route_changes(old: NetworkRecord, new: NetworkRecord) -> list[Change]:
-    """Every `auto` route of either MODEL_DIR (shape label -> backend), and the selected backend."""
+    """Every `auto` route of either MODEL_DIR (shape label -> what runs there), and the selected backend."""
     before, after = NetworkFacts.of(old.facts).auto_routes, NetworkFacts.of(new.facts).auto_routes
     labels = list(dict.fromkeys([*before, *after]))
     return ([Change(name="selected", old=old.selected, new=new.selected)]
-            + [Change(name=label, old=before.get(label), new=after.get(label)) for label in labels])
+            + [Change(name=label, old=route(old, label) if label in before else None,
+                      new=route(new, label) if label in after else None) for label in labels])
 
 
 def network_files(record: NetworkRecord) -> dict[str, str]:
@@ -205,4 +220,4 @@ def one_sided(name: str, record: NetworkRecord, status: str) -> NetworkDiff:
 
 __all__ = ["CHECKS", "NEW", "NEW_TWIN", "OLD", "OLD_TWIN", "LatencyFigures", "NetworkTiming", "backend_changes",
            "backend_status", "compare_network", "file_changes", "is_latency_regression", "latency_figures",
-           "manifest_files", "network_files", "one_sided", "route_at", "route_changes"]
+           "manifest_files", "network_files", "one_sided", "route", "route_at", "route_changes"]
