@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlopt.tools.diff.report import checks, drift_text, shape_name
+from rlopt.tools.diff.report import checks, drift_text, ratio_text, shape_name
 from rlopt.tools.diff.schema import DiffReport
 
 
@@ -32,7 +32,7 @@ def latency_table(report: DiffReport) -> Table:
             verdict = "[red]slower[/]" if row.regression else ("[green]ok[/]" if row.ratio is not None
                                                                else escape(row.note))
             table.add_row(network.network, shape_name(row), escape(str(route)), _us(row.old_us), _us(row.new_us),
-                          "-" if row.ratio is None else f"{row.ratio:.2f}",
+                          ratio_text(row),
                           "-" if row.aa_noise is None else f"{row.aa_noise:.2f}", verdict)
     table.caption = escape(f"{report.budget_s:g} s of interleaved rounds per shape, seed {report.seed}")
     return table

@@ -2,7 +2,8 @@
 
 Order: both MODEL_DIRs read and hash-checked, interfaces compared, thresholds read (every problem so far exits 2
 before anything runs); then per network the selected routes timed (`latency`, worker processes), the drift measured
-(`outputs`, in this process, after the workers are gone), and everything compared (`compare`, pure).
+(`outputs`, in this process, after the workers are gone), everything compared (`compare`, pure), and the shapes
+that read as regressions timed a second time to confirm them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rlopt.reference import Reference
 from rlopt.tools.bench.analysis import profile_points
 from rlopt.tools.bench.candidates import load_reference
 from rlopt.tools.bench.driver import DEFAULT_BUDGET_S
-from rlopt.tools.diff.compare import compare_network, file_changes, manifest_files, one_sided
+from rlopt.tools.diff.compare import compare_network, file_changes, manifest_files, one_sided, suspects
 from rlopt.tools.diff.latency import METHOD, Timer, time_network
 from rlopt.tools.diff.outputs import network_drift
 from rlopt.tools.diff.pair import compared_networks, read_checked, read_thresholds
@@ -39,7 +40,13 @@ def diff_network(old_dir: Path, new_dir: Path, name: str, old: NetworkRecord, ne
     timing = timer(old_dir, new_dir, name, list(shapes), budget_s, seed, progress)
     progress(f"{name}: drift on {sum(reference.samples(p) for p in profile_points(reference))} reference samples")
     drift = network_drift(old_dir, new_dir, name, new, reference)
-    return compare_network(name, old, new, shapes, timing, drift, thresholds)
+    first = compare_network(name, old, new, shapes, timing, drift, thresholds)
+    again = suspects(first)
+    if not again:
+        return first
+    progress(f"{name}: {', '.join(again)} read slower: timing {'them' if len(again) > 1 else 'it'} again")
+    confirm = timer(old_dir, new_dir, name, again, budget_s, (*seed, 1), progress)
+    return compare_network(name, old, new, shapes, timing, drift, thresholds, confirm)
 
 
 def run_diff(old_dir: Path | str, new_dir: Path | str, networks: Sequence[str] | None = None, *,

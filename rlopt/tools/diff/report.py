@@ -45,9 +45,17 @@ def shape_name(row: ShapeLatency) -> str:
 def latency_text(row: ShapeLatency, max_ratio: float) -> str:
     if row.ratio is None:
         return row.note
+    again = "" if row.confirm_ratio is None else f"; timed again: {row.confirm_ratio:.3f}x, A/A noise " \
+        f"{row.confirm_aa_noise:.3f}"
     return (f"OLD_DIR {_us(row.old_us)} on {row.old_route}, NEW_DIR {_us(row.new_us)} on {row.new_route}: "
-            f"{row.ratio:.3f}x, A/A noise {row.aa_noise:.3f}, {row.rounds} rounds; regression above "
-            f"{max_ratio:g} and the A/A noise")
+            f"{row.ratio:.3f}x, A/A noise {row.aa_noise:.3f}, {row.rounds} rounds{again}; regression above "
+            f"{max_ratio:g} and the A/A noise (both times)")
+
+
+def ratio_text(row: ShapeLatency) -> str:
+    if row.ratio is None:
+        return "-"
+    return f"{row.ratio:.2f}" + ("" if row.confirm_ratio is None else f", again {row.confirm_ratio:.2f}")
 
 
 def drift_text(network: NetworkDiff) -> str:
@@ -149,7 +157,7 @@ def markdown_summary(report: DiffReport) -> str:
         for row in network.latency:
             route = row.new_route if row.old_route == row.new_route else f"{row.old_route} -> {row.new_route}"
             verdict = "**slower**" if row.regression else ("ok" if row.ratio is not None else _cell(row.note))
-            ratio = "-" if row.ratio is None else f"{row.ratio:.2f}"
+            ratio = ratio_text(row)
             noise = "-" if row.aa_noise is None else f"{row.aa_noise:.2f}"
             rows.append(f"| {network.network} | {shape_name(row)} | {route} | {_us(row.old_us)} | {_us(row.new_us)} "
                         f"| {ratio} | {noise} | {verdict} |")
@@ -198,4 +206,4 @@ def check_writable(junit: Path | None) -> None:
 
 
 __all__ = ["SUMMARY_ENV", "Check", "check_writable", "checks", "drift_text", "junit_xml", "latency_text",
-           "markdown_summary", "shape_name", "write_reports"]
+           "markdown_summary", "ratio_text", "shape_name", "write_reports"]

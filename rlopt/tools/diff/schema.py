@@ -30,6 +30,9 @@ class ShapeLatency(BaseModel):
     ratio: float | None = Field(None, description="new / old, the median over rounds of the paired ratio")
     aa_noise: float | None = Field(None, description="how far two copies of one MODEL_DIR read apart here (>= 1)")
     rounds: int = 0
+    confirm_ratio: float | None = Field(None, description="a shape whose ratio read as a regression is timed again: "
+                                                          "the second ratio (a regression only if it is one too)")
+    confirm_aa_noise: float | None = None
     regression: bool = False
     note: str = Field("", description="why no ratio, when there is none")
 
