@@ -26,7 +26,6 @@ from rlopt.tools.bench.protocol import aa_noise, paired_ratio
 from rlopt.tools.diff.schema import Change, DriftResult, FileChanges, NetworkDiff, ShapeLatency, Thresholds
 
 OLD, OLD_TWIN, NEW, NEW_TWIN = "old", "old (A/A)", "new", "new (A/A)"
-CHECKS = ("parity", "latency", "routes", "drift", "backends", "files")
 
 
 @dataclass
@@ -233,6 +232,6 @@ def one_sided(name: str, record: NetworkRecord, status: str) -> NetworkDiff:
     return NetworkDiff(network=name, kind=record.kind, status=status, regressions=regressions)  # type: ignore[arg-type]
 
 
-__all__ = ["CHECKS", "NEW", "NEW_TWIN", "OLD", "OLD_TWIN", "LatencyFigures", "NetworkTiming", "backend_changes",
+__all__ = ["NEW", "NEW_TWIN", "OLD", "OLD_TWIN", "LatencyFigures", "NetworkTiming", "backend_changes",
            "backend_status", "compare_network", "file_changes", "is_latency_regression", "latency_figures",
            "manifest_files", "network_files", "one_sided", "route", "route_at", "route_changes", "suspects"]
