@@ -13,12 +13,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlopt.backends import BACKENDS as REGISTERED_BACKENDS
+from rlopt.backends import DEFAULT_BACKENDS
 from rlopt.ci_config import CiConfig
 from rlopt.errors import RecipeError, explain_validation_error, located
 from rlopt.yaml_file import load_yaml_mapping
 from rlopt.manifest import shape_label
 
-BACKENDS: tuple[str, ...] = tuple(REGISTERED_BACKENDS)  # in registry order: the default `backends` list
+BACKENDS: tuple[str, ...] = tuple(REGISTERED_BACKENDS)  # in registry order: every name `backends` may list
 DTYPES: tuple[str, ...] = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
 INTEGER_DTYPES: tuple[str, ...] = ("int64", "int32", "uint8")
 NAME_PATTERN = r"^[a-z0-9_-]+$"
@@ -300,7 +301,7 @@ class Recipe(_Strict):
     name: str = Field(pattern=NAME_PATTERN)
     model: ModelSpec
     networks: dict[str, NetworkSpec]
-    backends: list[Backend] = Field(default_factory=lambda: list(BACKENDS))
+    backends: list[Backend] = Field(default_factory=lambda: list(DEFAULT_BACKENDS))
     pad_gemm: int | Literal["auto"] = "auto"
     # Also pad layers whose N cannot pass its padding on (the output head, a LayerNorm input) and slice back.
     pad_gemm_outputs: bool = False

@@ -45,12 +45,14 @@ def tool_versions() -> dict[str, str | None]:
         "apache-tvm": version_of("apache-tvm"),
         "apache-tvm-ffi": version_of("apache-tvm-ffi"),
         "tensorrt": version_of("tensorrt"),
+        "openvino": version_of("openvino"),
         "numpy": version_of("numpy"),
         "pydantic": version_of("pydantic"),
     }
 
 
-CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name != "pydantic"}
+# openvino keys only its own stage (its config): installing the optional extra must not invalidate every stage
+CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name not in ("pydantic", "openvino")}
 
 
 def key_components(stage: Stage, ctx: Context) -> dict[str, Any]:
