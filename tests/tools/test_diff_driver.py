@@ -172,3 +172,16 @@ def test_a_slower_reading_is_timed_again_and_kept_only_if_it_repeats(ort_compile
     assert rows["opt"].confirm_ratio is None
     (line,) = report.regressions
     assert line.startswith("policy: min 1x1x32: latency 1.30x") and line.endswith("; timed again: 1.30x, A/A noise 1.00")
+
+
+def test_the_ci_section_rebuilds_nothing_and_sets_new_dirs_thresholds(ort_compiled: Path,
+                                                                      compiled: CompileFactory) -> None:
+    gated = compiled(tiny_variant() + "ci:\n  max_latency_ratio: 1.5\n  allow_dropped_backends: true\n",
+                     name="tiny.yaml")
+    manifest = read_manifest(gated)
+    verdicts = [stage["cache"] for network in manifest.networks.values() for stage in network.stages if "cache" in stage]
+    assert verdicts and set(verdicts) == {"hit"}  # every stage the baseline's compile cached
+    report = run_diff(ort_compiled, gated, timer=scaled_timer({("value", "opt"): 1.4}))
+    assert (report.thresholds.max_latency_ratio, report.thresholds.allow_dropped_backends) == (1.5, True)
+    assert report.passed  # 1.4 is under NEW_DIR's own 1.5
+    assert not run_diff(gated, ort_compiled, timer=scaled_timer({("value", "opt"): 1.4})).passed  # 1.10 there
