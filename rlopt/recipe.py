@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from rlopt.backends import BACKENDS as REGISTERED_BACKENDS
 from rlopt.backends import DEFAULT_BACKENDS
+from rlopt.backends.torchscript.config import TorchScriptConfig
+from rlopt.ci_config import CiConfig
 from rlopt.errors import RecipeError, explain_validation_error, located
 from rlopt.yaml_file import load_yaml_mapping
 from rlopt.manifest import shape_label
@@ -257,6 +259,8 @@ class TvmConfig(_Strict):
 
 class TensorRTConfig(_Strict):
     precision: Precision = "fp32"
+    # TensorRT lets fp32 layers run in TF32 unless told not to; true allows it (recorded, gated like reduced precision)
+    tf32: bool = False
     refittable: bool = False
     workspace_mb: int = Field(default=1024, gt=0)
     builder_optimization_level: int = Field(default=3, ge=0, le=5)
@@ -269,6 +273,8 @@ class OnnxConfig(_Strict):
 
 class OnnxRuntimeConfig(_Strict):
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"])
+    # the CUDA provider's use_tf32 (on by default in ONNX Runtime): false keeps fp32 exact, true allows TF32
+    tf32: bool = False
 
 
 class ReducedPrecisionTolerance(_Strict):
@@ -306,12 +312,14 @@ class Recipe(_Strict):
     pad_gemm_outputs: bool = False
     onnx: OnnxConfig = Field(default_factory=OnnxConfig)
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    torchscript: TorchScriptConfig = Field(default_factory=TorchScriptConfig)
     tvm: TvmConfig = Field(default_factory=TvmConfig)
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     # A warmup profile (contract section 6, path relative to the recipe) whose request shapes are built,
     # verified and tuned like `networks.<n>.shapes` of the network it names.
     warmup_profile: str | None = None
+    ci: CiConfig = Field(default_factory=CiConfig)  # `rlopt diff` thresholds (contract section 15)
 
     @field_validator("networks")
     @classmethod

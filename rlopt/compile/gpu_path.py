@@ -15,7 +15,7 @@ from rlopt.backends.tvm.cuda import is_cuda_target
 from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 AUTO_GPU_MULTIPLE = 256  # A10G Tensor Cores; padding costs 1.3-2.2x on CPU (shared notes), so CPU auto = off
-REDUCED_PRECISIONS = ("fp16", "bf16", "int8")
+REDUCED_PRECISIONS = ("fp16", "bf16", "int8", "tf32")  # tf32: fp32 layers with 10-bit mantissas
 
 
 def padding_multiples(recipe: Recipe) -> dict[str, int]:

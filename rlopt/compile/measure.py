@@ -16,7 +16,7 @@ import numpy as np
 from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
 from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.compile.stage import Context, Stage, StageOutput, package_digest
 from rlopt.errors import BackendUnavailable, first_line
 from rlopt.machine import OtherLoad, usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
@@ -68,7 +68,8 @@ class VerifyBackend(Stage):
         files = [self.output.artifact, *(ctx.staging / f["path"] for f in bucket_files(self.output.facts))]
         identity = ctx.keys["module"] if self.backend == "torchscript" else [sha256_file(f) for f in files]
         return {"artifact": identity, "facts": self.output.facts, "reference": sha256_file(ctx.artifacts["reference.npz"]),
-                "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution}
+                "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution,
+                "runner_code": package_digest(BACKENDS[self.backend].runner.split(":")[0])}
 
     def upstream(self, ctx: Context) -> dict[str, Any]:
         return {}
