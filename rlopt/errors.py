@@ -63,7 +63,12 @@ class VerificationError(RloptError):
 
 
 class BackendUnavailable(RloptError):
-    """A backend cannot run on this machine; the reason goes into the manifest as `skipped`."""
+    """A backend cannot run on this machine; the reason goes into the manifest as `skipped`, with the `facts` its
+    build had settled before it stopped (TensorRT's plan), if any."""
+
+    def __init__(self, message: str, facts: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.facts = dict(facts or {})
 
 
 # the one-line explanation of a pydantic error, for every file rlopt validates (recipes, profiles)

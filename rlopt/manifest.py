@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rlopt.arrays import shape_label
 from rlopt.errors import ArtifactError, located
+from rlopt.files import (MANIFEST_NAME, FileRecord, atomic_write_text, checked_file, checked_private_copy, confined,
+                         file_record, sha256_file, write_json)
+from rlopt.parity import OutputParity, Parity
 
 # The manifest's layout version (contract section 7). Adding an optional field, or a fact (facts objects keep
 # unknown keys), keeps it; renaming, moving or retyping a field, or changing what a MODEL_DIR holds, bumps it, and
 # `read_manifest` then refuses an older MODEL_DIR in one line naming the command that rebuilds it.
 # 1: rlopt 0.1 to 0.5 (typed facts in 0.6 read the same JSON, so it stays 1).
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 
 
 class _Model(BaseModel):
@@ -33,42 +35,6 @@ class InputProfile(_Model):
     range: list[int] | None = None  # integer inputs: the values verification samples (inclusive)
     # integer inputs that index a table (an ONNX Gather): the values every backend accepts; Session.run refuses others
     index_range: list[int] | None = None
-
-
-def shape_label(dims_per_input: Iterable[Sequence[int]]) -> str:
-    """`2x8x768` (inputs joined by '-'): how reference points, auto routes and timing tables name a shape."""
-    return "-".join("x".join(str(d) for d in dims) for dims in dims_per_input)
-
-
-class FileRecord(_Model):
-    path: str
-    sha256: str
-    bytes: int
-
-
-class OutputParity(_Model):
-    """One output of one backend against PyTorch, over every sample compared (contract section 7)."""
-
-    name: str
-    max_abs: float = Field(description="largest |backend - PyTorch| over finite values; inf on a NaN/inf mismatch")
-    max_rel: float = Field(description="largest |backend - PyTorch| / |PyTorch|")
-    needed_atol: float = Field(description="the smallest atol that would pass at the recipe's rtol")
-    passed: bool
-    kl: float | None = Field(default=None, description="a policy head (its first output): largest KL(PyTorch || backend) of a row")
-    argmax_agree: float | None = Field(default=None, description="a categorical policy head: share of rows whose "
-                                       "argmax agrees")
-    reason: str = Field(default="", description="why it failed, naming the shape or step")
-
-
-class Parity(_Model):
-    passed: bool
-    max_abs: float
-    max_rel: float
-    kl: float | None = None
-    argmax_agree: float | None = None
-    compared: int
-    shapes: list[str]
-    outputs: list[OutputParity]
 
 
 class Latency(_Model):
@@ -184,63 +150,6 @@ class BuildResult:
         return not self.failures
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_record(model_dir: Path, path: Path) -> FileRecord:
-    return FileRecord(
-        path=path.relative_to(model_dir).as_posix(), sha256=sha256_file(path), bytes=path.stat().st_size
-    )
-
-
-def confined(model_dir: Path, relative: str) -> Path:
-    """Resolve a manifest path, refusing anything that escapes MODEL_DIR (`../../x.so`, absolute paths, links out)."""
-    root = model_dir.resolve()
-    candidate = (root / relative).resolve()
-    if os.path.isabs(relative) or not candidate.is_relative_to(root):
-        raise ArtifactError(
-            located(model_dir / MANIFEST_NAME, f"path '{relative}'", "points outside MODEL_DIR",
-                    "recompile; never hand-edit manifest paths")
-        )
-    return candidate
-
-
-def checked_file(model_dir: Path, record: FileRecord | BackendRecord) -> Path:
-    """The file behind a record, after its size and sha256 match: nothing is loaded before this."""
-    assert record.path is not None
-    path = confined(model_dir, record.path)
-    if not path.is_file():
-        raise ArtifactError(located(path, "", "artifact listed in manifest.json is missing", "recompile MODEL_DIR"))
-    if path.stat().st_size != record.bytes or sha256_file(path) != record.sha256:
-        raise _mismatch(path)
-    return path
-
-
-def _mismatch(path: Path) -> ArtifactError:
-    return ArtifactError(located(path, "sha256", "does not match manifest.json (corrupt or modified)",
-                                 "recompile MODEL_DIR"))
-
-
-def checked_private_copy(model_dir: Path, record: FileRecord | BackendRecord, folder: Path) -> Path:
-    """Copy a native artifact (.so, engine) into `folder` and check the COPY's sha256.
-
-    What gets loaded is then exactly what was hashed: no window between check and load, and
-    rewriting the file in MODEL_DIR later cannot change code that a process has mapped.
-    """
-    source = checked_file(model_dir, record)
-    data = source.read_bytes()
-    if hashlib.sha256(data).hexdigest() != record.sha256:
-        raise _mismatch(source)
-    copy = folder / source.name
-    copy.write_bytes(data)
-    return copy
-
-
 def read_manifest(model_dir: Path | str) -> Manifest:
     """Read and check manifest.json; every problem is one ArtifactError line."""
     model_dir = Path(model_dir)
@@ -338,16 +247,7 @@ def manifest_json_schema() -> dict[str, Any]:
     return schema
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file atomically (temp file in the same folder, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, document: Any) -> None:
-    """Write a JSON file atomically."""
-    atomic_write_text(path, json.dumps(document, indent=2, sort_keys=False) + "\n")
+__all__ = ["MANIFEST_NAME", "SCHEMA_VERSION", "BackendRecord", "BuildResult", "Drift", "FileRecord", "InputProfile",
+           "Latency", "Manifest", "NetworkRecord", "OutputParity", "Parity", "atomic_write_text", "check_facts",
+           "check_schema_version", "checked_file", "checked_private_copy", "confined", "file_record",
+           "manifest_json_schema", "read_manifest", "sha256_file", "shape_label", "write_json"]

@@ -64,7 +64,7 @@ def new_checkpoint(recipe: Path, path: Path, seed: int = 1) -> Path:
     import torch
 
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model
+    from rlopt.user_model import build_model
 
     model, _ = build_model(load_recipe(recipe).model, recipe)
     generator = torch.Generator().manual_seed(seed)

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rlopt.errors import BackendUnavailable
 from rlopt.manifest import read_manifest
 from rlopt.parity import Tolerance
-from rlopt.recipe import TvmConfig
+from rlopt.backends.tvm.config import TvmConfig
 from rlopt.reference import Reference
 from tests.conftest import CompileFactory
 
@@ -93,8 +93,9 @@ def test_tensorrt_is_skipped_with_the_reason_and_the_plan_is_recorded(gpu_dir: P
     for network in manifest.networks.values():
         trt = network.artifacts["tensorrt"]
         assert trt.skipped and "TensorRT needs" in trt.skipped and trt.path is None
-        assert network.facts["tensorrt_plan"]["profiles"][0]["obs"]["max"] == [8, 16, 64]
-    assert manifest.networks["value"].facts["tensorrt_plan"]["precision"] == "fp16"
+        assert network.facts["profiles"][0]["obs"]["max"] == [8, 16, 64]
+        assert trt.facts["profiles"] == network.facts["profiles"]
+    assert manifest.networks["value"].artifacts["tensorrt"].facts["precision"] == "fp16"
     assert not list(gpu_dir.rglob("model.plan"))
 
 
@@ -116,7 +117,7 @@ def test_every_triton_config_parses_and_agrees_with_the_profile(gpu_dir: Path) -
     for path in configs:
         config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
         network = manifest.networks[config.name.split("_")[1]]
-        profile = network.facts["tensorrt_plan"]["profiles"][0]["obs"]
+        profile = network.facts["profiles"][0]["obs"]
         assert config.max_batch_size == profile["max"][0] == 8
         assert [list(t.dims) for t in config.input] == [[-1, 64]]
         assert [(w.batch_size, list(next(iter(w.inputs.values())).dims)) for w in config.model_warmup] == [

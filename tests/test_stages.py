@@ -12,7 +12,7 @@ import torch
 from rlopt.errors import RecipeError, StageError
 from rlopt.recipe import load_recipe
 from rlopt.stages.export_onnx import dynamic_dim_names, export_onnx
-from rlopt.stages.load_model import build_model, submodule
+from rlopt.user_model import build_model, submodule
 from rlopt.stages.script import script_network
 from rlopt.backends.tvm.build import build_tvm, target_slug, tensorize_shape_comparisons
 from tests.conftest import write_tiny_recipe
@@ -135,7 +135,7 @@ def test_checkpoint_round_trip_pt_and_safetensors(tmp_path: Path) -> None:
     for name in ("w.pt", "w.safetensors"):
         loaded, facts = build_model(recipe.model.model_copy(update={"checkpoint": name}), recipe_path)
         assert torch.equal(loaded.state_dict()["policy.fc1.weight"], state["policy.fc1.weight"])
-        assert len(facts.facts["checkpoint_sha256"]) == 64
+        assert len(facts["checkpoint_sha256"]) == 64
 
 
 # issue 14: every scripted module fingerprints; the export chain with its guards; TVM names what it cannot import

@@ -15,7 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rlopt.errors import ArtifactError, BackendUnavailable, StageError
-from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange, TensorRTConfig
+from rlopt.backends.tensorrt.config import TensorRTConfig
+from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange
 from rlopt.backends.tensorrt.runner import TensorRTRunner
 from rlopt.backends.tensorrt.adapter import TensorRTAdapter
 from rlopt.backends.tensorrt.plan import make_plan
@@ -155,7 +156,7 @@ def test_unsupported_majors_are_unavailable(version: str) -> None:
 def test_stage_gate_skips_without_importing_tensorrt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlopt.backends.tensorrt.build import build_engine
 
-    monkeypatch.setattr("rlopt.backends.tensorrt.build.gpu_absent_reason", lambda: "no NVIDIA GPU (test)")
+    monkeypatch.setattr("rlopt.backends.tensorrt.availability.gpu_absent_reason", lambda: "no NVIDIA GPU (test)")
     monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
     with pytest.raises(BackendUnavailable, match="needs an NVIDIA GPU: no NVIDIA GPU"):
         build_engine(tmp_path / "model.onnx", plan_for(tmp=tmp_path), tmp_path, recipe_path=tmp_path / "r.yaml",
@@ -172,8 +173,8 @@ def test_stage_prepares_the_graph_then_builds(version: str, casts: str, tmp_path
     from rlopt.backends.tensorrt.build import build_engine
 
     trt = make_tensorrt(version)
-    monkeypatch.setattr("rlopt.backends.tensorrt.build.gpu_absent_reason", lambda: None)
-    monkeypatch.setattr("rlopt.backends.tensorrt.build.find_spec", lambda name: object())
+    monkeypatch.setattr("rlopt.backends.tensorrt.availability.gpu_absent_reason", lambda: None)
+    monkeypatch.setattr("rlopt.backends.tensorrt.availability.find_spec", lambda name: object())
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     onnx.save(mlp_model(), str(tmp_path / "model.onnx"))
     out = build_engine(tmp_path / "model.onnx", plan_for("fp16", tmp=tmp_path), tmp_path,

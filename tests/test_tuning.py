@@ -53,7 +53,7 @@ def _static_recipe(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def policy_onnx(tmp_path_factory: pytest.TempPathFactory) -> onnx.ModelProto:
     from rlopt.stages.export_onnx import export_onnx
-    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.user_model import build_model, submodule
     from rlopt.stages.script import script_network
 
     folder = tmp_path_factory.mktemp("tuning-onnx")

@@ -1,6 +1,8 @@
 """The backend registry: adding a backend is one package under rlopt/backends/ and one line in BACKENDS.
 
 Importing this package imports no backend library; a runner's module is imported when it is opened.
+`DEFAULT_BACKENDS` is what a recipe that omits `backends` builds: a fixed set, so registering a backend changes
+no such recipe (contract section 14).
 """
 
 from __future__ import annotations
@@ -20,6 +22,27 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     tvm.BACKEND,
     tensorrt.BACKEND,
 )}
+
+DEFAULT_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
+
+# The front end's libraries (every stage's cache key holds their versions, with the backends' declared ones).
+FRONT_END_DISTRIBUTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch", ("torch",)), ("onnx", ("onnx",)), ("numpy", ("numpy",)), ("pydantic", ("pydantic",)))
+
+
+def tool_versions() -> dict[str, str | None]:
+    """rlopt's version and each library's (the front end's, then each registered backend's `distributions`): what
+    a manifest records and, less pydantic, what every stage's cache key holds."""
+    from rlopt import __version__
+    from rlopt.lazy import version_of
+
+    versions: dict[str, str | None] = {"rlopt": __version__}
+    for backend in BACKENDS.values():
+        for key, distributions in (*FRONT_END_DISTRIBUTIONS, *backend.distributions):
+            if key not in versions:
+                versions[key] = next(filter(None, map(version_of, distributions)), None)
+    return versions
+
 
 RunnerFactory = Callable[[Path, list[str], Any], Runner]
 FactsLike = ArtifactFacts | Mapping[str, Any] | None
@@ -87,5 +110,5 @@ def open_runner(backend: str, path: Path, input_names: list[str], facts: FactsLi
     return RUNNERS[backend](path, input_names, typed)
 
 
-__all__ = ["BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "import_before_torch", "open_runner",
-           "unavailable_reason"]
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "import_before_torch",
+           "open_runner", "tool_versions", "unavailable_reason"]

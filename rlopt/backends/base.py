@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
+from pydantic import BaseModel
 
+from rlopt.arrays import flatten_outputs
 from rlopt.facts import ArtifactFacts
 
 Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
@@ -57,13 +59,6 @@ class Runner:
         """Release what this runner created."""
 
 
-def flatten_outputs(value: Any) -> list[Any]:
-    """Tensors are leaves; tuples, lists and TVM Arrays of them are flattened in order."""
-    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
-        return [leaf for item in value for leaf in flatten_outputs(item)]
-    return [value]
-
-
 @dataclass(frozen=True)
 class RefitInputs:
     """What a backend's refit hook gets: a copy of the old network folder to rewrite in place.
@@ -95,7 +90,7 @@ class Backend:
     view of what its build records (an ArtifactFacts subclass); `unavailable` and `threads` take it.
     `unavailable` returns None when the backend's artifacts can run here, else one line saying why not.
     `threads` says how many threads the backend computes with, from the facts its build recorded.
-    `stages` are the "module:Class" paths of its compile stages (rlopt.compile.stage.Stage), run in
+    `stages` are the "module:Class" paths of its compile stages (rlopt.stages.base.Stage), run in
     order after the front end; the artifact is the last applicable one's.
     `refit` is the "module:function" path of its RefitHook: it rewrites the artifact's weights in
     `RefitInputs.network_dir` without recompiling and returns the facts to record (the old ones, updated);
@@ -107,6 +102,15 @@ class Backend:
     `one_thread` takes an artifact's facts (a dict) and returns the facts to open a runner with that computes on its
     calling thread alone, after setting that thread up where the library keeps a pool per thread; refit then gates
     such artifacts side by side, one per core. None: the backend cannot, and refit gates it one network at a time.
+    `config` is its recipe section's model (pydantic, extra keys refused), found in a recipe under the backend's
+    name (`rlopt.recipe.Recipe`); None: the backend has no options.
+    `distributions` are the library's versions as cache keys and `rlopt inspect` record them: (key, the pip
+    distributions that provide it, the first installed one counting), e.g. ("onnxruntime", ("onnxruntime",
+    "onnxruntime-gpu")). A new version of any of them invalidates every cached stage.
+    `pads_gemm` is None for a backend that does not read the ONNX graph; else, given its recipe section, whether
+    `pad_gemm: auto` pads the graph for it (its target is a GPU whose matrix units want aligned dims).
+    `build_unavailable`, given its recipe section, says why this machine cannot build it (None: it can try); GEMM
+    padding counts only backends that can.
     """
 
     name: str
@@ -114,6 +118,10 @@ class Backend:
     runner: str
     unavailable: Callable[[Any], str | None]
     threads: Callable[[Any], int | str]
+    config: type[BaseModel] | None = None
+    distributions: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    pads_gemm: Callable[[Any], bool] | None = None
+    build_unavailable: Callable[[Any], str | None] = lambda config: None
     triton_platform: tuple[str, str] | None = None
     native: bool = False
     facts: type[ArtifactFacts] = ArtifactFacts
@@ -141,3 +149,6 @@ def module_missing(module: str) -> str | None:
     from importlib.util import find_spec
 
     return None if find_spec(module) is not None else f"python module '{module}' is not installed"
+
+
+__all__ = ["Backend", "BoundCall", "Infer", "RefitHook", "RefitInputs", "Runner", "flatten_outputs", "module_missing"]

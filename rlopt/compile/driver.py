@@ -10,13 +10,14 @@ from typing import Any
 
 from rlopt import __version__
 from rlopt.compile.cache import StageCache
-from rlopt.compile.engine import Engine, Reporter, Silent, tool_versions
-from rlopt.compile.frontend import ModelSource, model_source
+from rlopt.backends import tool_versions
+from rlopt.compile.engine import Engine, Reporter, Silent
+from rlopt.stages.frontend import ModelSource
 from rlopt.compile.network import compile_network
 from rlopt.compile.rounds import kept_worker
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
-from rlopt.compile.sources import stored_recipe
-from rlopt.compile.stage import Context
+from rlopt.compile.sources import model_source, stored_recipe
+from rlopt.stages.base import Context
 from rlopt.errors import RloptError, UsageError, located
 from rlopt.locking import exclusive_lock
 from rlopt.machine import machine_facts
@@ -92,7 +93,7 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
 def _compile_networks(engine: Engine, recipe: Recipe, recipe_path: Path, staging: Path, source: ModelSource,
                       model: Any) -> tuple[dict[str, NetworkRecord], list[str]]:
     """Every network's stage lists, in the recipe's order; with a rollout, the actor is checked on it too."""
-    from rlopt.stages.load_model import submodule
+    from rlopt.user_model import submodule
 
     networks: dict[str, NetworkRecord] = {}
     failures: list[str] = []

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlopt import __version__
+from rlopt.backends import tool_versions
 from rlopt.compile.cache import StageCache, cache_key
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, StageError
-from rlopt.lazy import version_of
 from rlopt.machine import cpu_identity
 
 
@@ -34,20 +33,6 @@ class Silent:
 
     def stage_finished(self, network: str, stage: str, status: str, seconds: float, detail: str) -> None:
         pass
-
-
-def tool_versions() -> dict[str, str | None]:
-    return {
-        "rlopt": __version__,
-        "torch": version_of("torch"),
-        "onnx": version_of("onnx"),
-        "onnxruntime": version_of("onnxruntime") or version_of("onnxruntime-gpu"),
-        "apache-tvm": version_of("apache-tvm"),
-        "apache-tvm-ffi": version_of("apache-tvm-ffi"),
-        "tensorrt": version_of("tensorrt"),
-        "numpy": version_of("numpy"),
-        "pydantic": version_of("pydantic"),
-    }
 
 
 CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name != "pydantic"}
@@ -71,6 +56,7 @@ class BackendOutcome:
     output: StageOutput | None = None
     skipped: str | None = None
     failure: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # what a skipped backend had settled (BackendUnavailable)
 
 
 class Engine:
@@ -118,7 +104,7 @@ class Engine:
                 if out is not None:
                     outcome.output = out
         except BackendUnavailable as exc:
-            return BackendOutcome(skipped=str(exc))
+            return BackendOutcome(skipped=str(exc), facts=exc.facts)
         except StageError as exc:
             return BackendOutcome(skipped=f"build failed: {exc}", failure=f"{ctx.name}/{backend}: build failed: {exc}")
         if outcome.output is None:
@@ -155,4 +141,4 @@ class Engine:
         self.reporter.stage_finished(ctx.name, stage, status, seconds, detail)
 
 
-__all__ = ["CACHE_VERSIONS", "BackendOutcome", "Engine", "Reporter", "Silent", "key_components", "tool_versions"]
+__all__ = ["CACHE_VERSIONS", "BackendOutcome", "Engine", "Reporter", "Silent", "key_components"]

@@ -16,7 +16,7 @@ import numpy as np
 from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
 from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, first_line
 from rlopt.machine import OtherLoad, usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label

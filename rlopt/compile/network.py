@@ -6,12 +6,12 @@ from typing import Any
 
 from rlopt.backends import BACKENDS
 from rlopt.compile.engine import Engine
-from rlopt.compile.frontend import FRONTEND
-from rlopt.compile.gpu_path import precision_record, tolerance_for, write_triton
+from rlopt.compile.gpu_path import plan_padding, precision_record, write_triton
 from rlopt.compile.measure import ChooseAuto, VerifyBackend, backend_record
-from rlopt.compile.stage import Context, Stage, StageOutput, load_stage
 from rlopt.manifest import BackendRecord, InputProfile, NetworkRecord, file_record
 from rlopt.runtime import ranked_backends
+from rlopt.stages.base import Context, Stage, StageOutput, load_stage
+from rlopt.stages.frontend import FRONTEND
 
 
 SCRIPT_FACTS = ("graph_sha256", "weights_sha256")
@@ -26,13 +26,13 @@ def backend_stages(backend: str) -> list[Stage]:
 class TritonRepository(Stage):
     """`triton/<model>/config.pbtxt` + `1/model.*` for every verified backend Triton serves."""
 
-    name, inputs = "triton", ("tensorrt_plan", "reference.npz")
+    name, inputs = "triton", ("profiles", "reference.npz")
 
     def __init__(self, artifacts: dict[str, BackendRecord]) -> None:
         self.records = artifacts
 
     def run(self, ctx: Context) -> StageOutput:
-        files = write_triton(ctx.staging, ctx.recipe.name, ctx.name, self.records, ctx.artifacts["tensorrt_plan"],
+        files = write_triton(ctx.staging, ctx.recipe.name, ctx.name, self.records, ctx.artifacts["profiles"],
                              ctx.reference, ctx.spec)
         ctx.artifacts["triton"] = files
         return StageOutput(None, {})
@@ -45,6 +45,7 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
     """Front end, every backend of the recipe, verification and latency, Triton, `auto`; failures go to ctx."""
     spec, verify = ctx.spec, ctx.recipe.verify
     ctx.dir.mkdir()
+    plan_padding(ctx)
     engine.run_all([stage() for stage in (frontend if frontend is not None else FRONTEND)], ctx)
     artifacts: dict[str, BackendRecord] = {}
     built: dict[str, StageOutput] = {}
@@ -53,11 +54,13 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
         if outcome.output is not None:
             built[backend] = outcome.output
         else:
-            artifacts[backend] = BackendRecord(skipped=outcome.skipped)
+            artifacts[backend] = BackendRecord(skipped=outcome.skipped, facts=outcome.facts)
         if outcome.failure:
             ctx.failures.append(outcome.failure)
     for backend, output in built.items():
-        tol = tolerance_for(output.facts, verify)
+        tol, parity_gate = verify.gate_for(output.facts.get("precision_built"))
+        if parity_gate is not None:  # recorded, so `rlopt verify` re-checks with the same tolerances
+            output.facts["parity_gate"] = parity_gate.as_dict()
         out = engine.run(VerifyBackend(backend, output, tol), ctx)
         assert out is not None
         artifacts[backend], failure = backend_record(ctx, out, output.artifact)
@@ -102,7 +105,7 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
 
 def stage_code_versions() -> dict[str, str]:
     """Every stage's cache name -> its current code version ('verify' stands for every 'verify <backend>')."""
-    from rlopt.compile.frontend import FRONTEND_TO_PADDING
+    from rlopt.stages.frontend import FRONTEND_TO_PADDING
 
     classes = [*FRONTEND, *FRONTEND_TO_PADDING, TritonRepository, VerifyBackend, ChooseAuto,
                *(load_stage(path) for backend in BACKENDS.values() for path in backend.stages)]

@@ -1,7 +1,7 @@
 """MODEL_DIR/triton: a Triton Inference Server model repository for every built backend Triton serves.
 
 `triton/<name>_<network>_<backend>/config.pbtxt` + `1/model.{onnx,pt,plan}`. Every shape in a
-config comes from the TensorRTPlan's profile objects (rlopt.backends.tensorrt.plan), the same ones the
+config comes from the network's profile objects (rlopt.stages.profiles), the same ones a TensorRT
 engine is built with: `max_batch_size` is profile 0's batch max (only when dim 0 of every input
 is one shared dynamic batch dim starting at 1, so Triton never sends a batch outside the
 profile), dims are -1 exactly where the profile is dynamic, dynamic batching prefers the
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends import BACKENDS
-from rlopt.backends.tensorrt.plan import Batching, TensorRTPlan
+from rlopt.stages.profiles import Batching, ShapeProfiles
 
 # backend -> (platform, file name in the version folder)
 PLATFORMS: dict[str, tuple[str, str]] = {name: b.triton_platform for name, b in BACKENDS.items()
@@ -60,7 +60,7 @@ def output_shapes(arrays: dict[str, np.ndarray], output_names: list[str]) -> lis
     return found
 
 
-def batching_for(plan: TensorRTPlan, outputs: list[OutputShapes]) -> Batching:
+def batching_for(plan: ShapeProfiles, outputs: list[OutputShapes]) -> Batching:
     """The plan's batching, kept only if every output's dim 0 is the batch at every profile point."""
     batching = plan.batching()
     if not batching.enabled:
@@ -81,7 +81,7 @@ def tensor_names(backend: str, inputs: list[str], outputs: list[str]) -> tuple[l
     return list(inputs), list(outputs)
 
 
-def model_config(model_name: str, backend: str, plan: TensorRTPlan, outputs: list[OutputShapes],
+def model_config(model_name: str, backend: str, plan: ShapeProfiles, outputs: list[OutputShapes],
                  input_dtypes: dict[str, str]) -> dict[str, Any]:
     """The ModelConfig as a nested dict (field -> value), derived only from the plan and the output shapes."""
     platform, filename = PLATFORMS[backend]
@@ -169,7 +169,7 @@ def _place(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def write_models(root: Path, recipe_name: str, network: str, artifacts: dict[str, Path], plan: TensorRTPlan,
+def write_models(root: Path, recipe_name: str, network: str, artifacts: dict[str, Path], plan: ShapeProfiles,
                  outputs: list[OutputShapes], input_dtypes: dict[str, str]) -> list[Path]:
     """Write one Triton model per servable backend in `artifacts` under `root` (MODEL_DIR/triton); returns the files."""
     written: list[Path] = []

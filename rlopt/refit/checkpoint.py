@@ -49,7 +49,7 @@ def check_state(expected: dict[str, Any], state: dict[str, Any], checkpoint: Pat
 
 def factory_model(source: dict[str, Any], checkpoint: Path, model_dir: Path) -> Any:
     """The eager model from the recorded factory, with the checkpoint's weights (strict)."""
-    from rlopt.stages.load_model import build_model, load_state_dict
+    from rlopt.user_model import build_model, load_state_dict
 
     if checkpoint.suffix.lower() == ".zip":
         raise UsageError(located(checkpoint, "--checkpoint", "an agent zip refits only a MODEL_DIR compiled from one",

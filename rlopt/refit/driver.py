@@ -70,7 +70,7 @@ def stage_copy(model_dir: Path, staging: Path, manifest: Manifest) -> None:
 def refusal(manifest: Manifest) -> tuple[str, str] | None:
     """(field, reason) for the first artifact refit cannot rewrite, or None."""
     from rlopt.backends import BACKENDS
-    from rlopt.refit.weight_map import map_problem
+    from rlopt.stages.weight_map import map_problem
 
     for name, network in manifest.networks.items():
         if "model_source" not in network.facts:

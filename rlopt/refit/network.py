@@ -87,11 +87,12 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     side-by-side gates open it on one thread (`Backend.one_thread`; the thread count changes no number, see
     docs/refit.md)."""
     from rlopt.backends import open_runner
-    from rlopt.compile.gpu_path import tolerance_for
     from rlopt.verify import gate_runner
 
     assert record.path is not None
-    tol = tolerance_for(facts, recipe.verify)
+    tol, parity_gate = recipe.verify.gate_for(facts.get("precision_built"))
+    if parity_gate is not None:
+        facts = {**facts, "parity_gate": parity_gate.as_dict()}
     path = staging / record.path
     current = hashes.record(path)
     new = record.model_copy(update={"sha256": current.sha256, "bytes": current.bytes, "facts": facts})
@@ -135,9 +136,9 @@ class NetworkRefit:
 
     def start(self) -> None:
         from rlopt.refit.checkpoint import check_state
-        from rlopt.refit.weight_map import apply_weight_map
+        from rlopt.stages.weight_map import apply_weight_map
         from rlopt.reference import rerecord_reference
-        from rlopt.stages.load_model import submodule
+        from rlopt.user_model import submodule
 
         torch = require("torch")
         spec, name = self.recipe.networks[self.name], self.name

@@ -26,7 +26,7 @@ from typing import Any
 from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.onnx_graph import index_ranges
-from rlopt.recipe import InputSpec, NetworkSpec
+from rlopt.spec import InputSpec, NetworkSpec
 from rlopt.stages.base import StageOutput
 
 EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False) from the scripted module"
@@ -278,11 +278,11 @@ def export_onnx(ts_path: Path, spec: NetworkSpec, opset: int, out_path: Path, *,
 
 def weight_map(torch: Any, onnx: Any, model: Any, ts_path: Path, eager: Any, spec: NetworkSpec, opset: int,
                out_path: Path, dynamic_axes: dict[str, dict[int, str]], path: str) -> dict[str, Any]:
-    """The refit map (rlopt.refit.weight_map): the same export path once more, from distinct sentinel weights."""
+    """The refit map (rlopt.stages.weight_map): the same export path once more, from distinct sentinel weights."""
     import copy
     import tempfile
 
-    from rlopt.refit.weight_map import build_weight_map, sentinel_state
+    from rlopt.stages.weight_map import build_weight_map, sentinel_state
 
     module = torch.jit.load(str(ts_path), map_location="cpu") if path == "script" else copy.deepcopy(eager).eval()
     marked = sentinel_state(module.state_dict())

@@ -10,7 +10,7 @@ import pytest
 
 from rlopt.backends.onnxruntime.adaptive import (FIRST_INTERVAL, LOOK_SHARE, MARGIN, PROBE_CALLS, WARM_NS,
                                                  ThreadChoice)
-from tests.backends.test_onnxruntime_session import _model_bytes
+from tests.test_onnx_session import _model_bytes
 
 
 class _Machine:

@@ -49,7 +49,7 @@ def _build(onnx_path: Path, recipe: Any, spec: Any, model_dir: Path) -> dict[str
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Weights A and B of one architecture: their ONNX files and a TVM build of each (one tuned static shape)."""
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.user_model import build_model, submodule
 
     root = tmp_path_factory.mktemp("tvm-refit")
     recipe = load_recipe(RECIPE)

@@ -9,7 +9,7 @@ import pytest
 
 from rlopt.compile.cache import StageCache
 from rlopt.compile.engine import CACHE_VERSIONS, Engine, key_components
-from rlopt.compile.stage import Context, Stage, StageOutput, code_digest
+from rlopt.stages.base import Context, Stage, StageOutput, code_digest
 from rlopt.errors import BackendUnavailable, StageError
 from rlopt.recipe import load_recipe
 from tests.conftest import write_tiny_recipe

@@ -9,7 +9,7 @@ import pytest
 
 from rlopt.backends.base import Runner
 from rlopt.compile.measure import VerifyBackend
-from rlopt.compile.stage import Context, StageOutput
+from rlopt.stages.base import Context, StageOutput
 from rlopt.parity import Tolerance
 from rlopt.recipe import load_recipe
 from rlopt.reference import Reference

@@ -79,7 +79,7 @@ def test_refitted_artifacts_equal_a_fresh_compile(base_dir: Path, tmp_path: Path
     import torch
 
     from rlopt.compile import compile_recipe
-    from rlopt.refit.weight_map import tensor_locations
+    from rlopt.stages.weight_map import tensor_locations
 
     folder = _recipe_folder(base_dir)
     checkpoint = save_state(perturbed_state(folder, seed=7), folder / "fresh.pt")

@@ -88,7 +88,7 @@ def setup(base_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     import onnx
 
     from rlopt.manifest import read_manifest
-    from rlopt.refit.weight_map import apply_weight_map, tensor_locations
+    from rlopt.stages.weight_map import apply_weight_map, tensor_locations
 
     folder = tmp_path / "policy"
     shutil.copytree(base_dir / "policy", folder)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.onnxruntime.config import OnnxRuntimeConfig
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.machine import gpu_absent_reason
 
@@ -31,7 +32,8 @@ def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
 BACKEND = Backend(
     name="onnxruntime", module="onnxruntime",
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
-    unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts,
+    unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts, config=OnnxRuntimeConfig,
+    distributions=(("onnxruntime", ("onnxruntime", "onnxruntime-gpu")),), pads_gemm=lambda config: False,
     triton_platform=("onnxruntime_onnx", "model.onnx"),
     stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",),
     refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread)

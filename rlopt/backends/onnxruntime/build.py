@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rlopt.errors import BackendUnavailable
 from rlopt.lazy import require
-from rlopt.recipe import OnnxRuntimeConfig
+from rlopt.backends.onnxruntime.config import OnnxRuntimeConfig
 from rlopt.stages.base import StageOutput
 
 

@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import Field
 
 from rlopt.facts import ArtifactFacts
+from rlopt.onnx_session import CPU_PROVIDER
 
-CPU_PROVIDER = "CPUExecutionProvider"
 SECOND_SESSION_MAX_BYTES = 256 << 20  # a larger graph is not held twice in memory (shape_threads, adaptive_threads)
 
 

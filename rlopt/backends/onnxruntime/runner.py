@@ -14,9 +14,9 @@ import numpy as np
 from rlopt.backends.base import BoundCall, Runner
 from rlopt.backends.onnxruntime.adaptive import SwitchLog, ThreadChoice
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
-from rlopt.backends.onnxruntime.session import make_session
+from rlopt.onnx_session import make_session
 from rlopt.machine import usable_cores
-from rlopt.manifest import shape_label
+from rlopt.arrays import shape_label
 
 ONE_THREAD, POOL = "1 thread", "default pool"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput
 
 
 class OnnxRuntimeCheck(Stage):
@@ -23,11 +23,10 @@ class OnnxRuntimeCheck(Stage):
         if ctx.spec.precision != "int8":
             return check_onnxruntime(source, ctx.recipe.onnxruntime)
         from rlopt.backends.onnxruntime.quantize import quantize_int8
-        from rlopt.compile.gpu_path import tolerance_for
 
         quantized = quantize_int8(source, ctx.dir / "model.int8.onnx", ctx.reference, kind=ctx.spec.kind,
                                   distribution=ctx.spec.distribution,
-                                  gate=tolerance_for({"precision_built": "int8"}, ctx.recipe.verify),
+                                  gate=ctx.recipe.verify.gate_for("int8")[0],
                                   recipe_path=ctx.recipe_path, network=ctx.name)
         assert quantized.artifact is not None
         return StageOutput(quantized.artifact, {**check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime).facts,

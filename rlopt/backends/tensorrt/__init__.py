@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.tensorrt.availability import tensorrt_unavailable_reason
+from rlopt.backends.tensorrt.config import TensorRTConfig
 from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.machine import gpu_absent_reason
 
@@ -11,10 +13,18 @@ def _unavailable(facts: TensorRTFacts) -> str | None:
     return module_missing("tensorrt") or gpu_absent_reason()
 
 
+def _build_unavailable(config: TensorRTConfig) -> str | None:
+    return tensorrt_unavailable_reason()
+
+
 BACKEND = Backend(
     name="tensorrt", module="tensorrt",
     runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
-    unavailable=_unavailable, threads=lambda facts: "GPU", facts=TensorRTFacts,
+    unavailable=_unavailable, threads=lambda facts: "GPU", facts=TensorRTFacts, config=TensorRTConfig,
+    # NVIDIA's meta package, or the CUDA-specific wheels that provide the `tensorrt` module without it
+    distributions=(("tensorrt", ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11", "tensorrt-cu13-bindings",
+                                 "tensorrt-cu12-bindings", "tensorrt-cu11-bindings")),),
+    pads_gemm=lambda config: True, build_unavailable=_build_unavailable,
     triton_platform=("tensorrt_plan", "model.plan"), native=True,
     stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",),
     refit="rlopt.backends.tensorrt.refit:refit_artifact")

@@ -11,26 +11,14 @@ optimization profiles, progress and time budget.
 from __future__ import annotations
 
 import tempfile
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
 from rlopt.errors import BackendUnavailable
 from rlopt.lazy import require
-from rlopt.machine import gpu_absent_reason
 from rlopt.stages.base import StageOutput
+from rlopt.backends.tensorrt.availability import tensorrt_unavailable_reason
 from rlopt.backends.tensorrt.plan import TensorRTPlan
-
-
-def tensorrt_unavailable_reason() -> str | None:
-    """Why TensorRT cannot build here, checked without importing it; None when it can."""
-    reason = gpu_absent_reason()
-    if reason is not None:
-        return f"TensorRT needs an NVIDIA GPU: {reason}"
-    if find_spec("tensorrt") is None:
-        return ("TensorRT needs the 'tensorrt' package (NVIDIA's wheels, e.g. pip install tensorrt-cu12 from "
-                "NVIDIA's index), not installed here")
-    return None
 
 
 def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_path: Path, network: str,

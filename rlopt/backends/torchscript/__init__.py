@@ -22,6 +22,7 @@ BACKEND = Backend(
     name="torchscript", module="torch",
     runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
     unavailable=lambda facts: module_missing("torch"), threads=_threads, facts=TorchScriptFacts,
+    distributions=(("torch", ("torch",)),),
     triton_platform=("pytorch_libtorch", "model.pt"),
     stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",),
     refit="rlopt.backends.torchscript.refit:refit_artifact", one_thread=_one_thread)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput
 
 
 class TorchScriptArtifact(Stage):

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.tvm.config import TvmConfig
 from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.machine import gpu_absent_reason, usable_cores
 
@@ -55,7 +56,9 @@ def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
 BACKEND = Backend(
     name="tvm", module="tvm",
     runner="rlopt.backends.tvm.runner:TvmRunner",
-    unavailable=_unavailable, threads=_threads, facts=TvmFacts, native=True,
+    unavailable=_unavailable, threads=_threads, facts=TvmFacts, config=TvmConfig, native=True,
+    distributions=(("apache-tvm", ("apache-tvm",)), ("apache-tvm-ffi", ("apache-tvm-ffi",))),
+    pads_gemm=lambda config: config.on_cuda,
     stages=("rlopt.backends.tvm.stages:TvmCudaBuild", "rlopt.backends.tvm.stages:TvmBuild"),
     refit="rlopt.backends.tvm.refit:refit_artifact",
     runtime_env=(("TVM_USE_RUNTIME_LIB", "1"),), stall_floor=_stall_floor, one_thread=_one_thread)

@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.lazy import require
-from rlopt.manifest import shape_label
-from rlopt.recipe import NetworkSpec, TvmConfig
+from rlopt.arrays import shape_label
+from rlopt.backends.tvm.config import TvmConfig
+from rlopt.spec import NetworkSpec
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.importer import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
                                      tensorize_shape_comparisons)
@@ -227,7 +228,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                target_dict: dict[str, Any], config: TvmConfig, out_dir: Path, out_path: Path, slug: str,
                recipe_path: Path, network: str, spec: NetworkSpec | None, onnx_name: str) -> StageOutput:
     tvm = require("tvm")
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
     from rlopt.backends.tvm.database import (Workload, apply_database, choose_database, database_dir, file_slug,
                                              open_database, profile_shapes, target_key)
     from rlopt.backends.tvm.tuning import tune_workloads
@@ -312,7 +313,7 @@ def _merge_weights(known: dict[str, Any], more: dict[str, Any], recipe_path: Pat
 def _write_params(out_dir: Path, slug: str, weights: dict[str, Any], onnx_name: str, recipe_path: Path,
                   network: str) -> dict[str, Any]:
     """The params file beside the libraries and its facts (file record, source ONNX, names)."""
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
     from rlopt.backends.tvm.params import write_params
 
     path = out_dir / f"tvm-{slug}.params.npz"

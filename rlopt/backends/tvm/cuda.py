@@ -25,15 +25,11 @@ from typing import Any
 
 from rlopt.errors import BackendUnavailable, RecipeError, StageError, first_line, located
 from rlopt.lazy import require
-from rlopt.recipe import Precision, TvmConfig
+from rlopt.backends.tvm.config import TvmConfig
+from rlopt.spec import Precision
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.build import fused_kernels, target_slug, tensorize_shape_comparisons
 
-CUDA_KINDS = ("cuda",)
-
-
-def is_cuda_target(target: dict[str, Any]) -> bool:
-    return str(target.get("kind")) in CUDA_KINDS
 
 
 def find_nvcc() -> str | None:

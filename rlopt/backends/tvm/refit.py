@@ -46,7 +46,7 @@ def new_weights(onnx_model: Any, facts: TvmFacts) -> dict[str, np.ndarray]:
 def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
     """Write the new params file in `inputs.network_dir` and return the facts to record (its new sha256)."""
     from rlopt.backends.tvm.params import read_params, write_params
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
 
     facts = TvmFacts.of(inputs.facts)
     artifact = inputs.network_dir / inputs.artifact

@@ -30,7 +30,7 @@ from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.facts import FileRef
 from rlopt.lazy import require
 from rlopt.machine import usable_cores
-from rlopt.manifest import shape_label
+from rlopt.arrays import shape_label
 
 
 def bucket_files(facts: TvmFacts | Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -41,7 +41,7 @@ def bucket_files(facts: TvmFacts | Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def checked_sibling(primary: Path, record: FileRef) -> Path:
     """A shape-bucket library next to the (already checked) primary library, after its size and sha256 match."""
-    from rlopt.manifest import sha256_file
+    from rlopt.files import sha256_file
 
     name = PurePosixPath(record.path).name
     path = primary.parent / name

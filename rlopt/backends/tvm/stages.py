@@ -6,12 +6,12 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput
 
 
 def tuning_digest(recipe_path: Path) -> str | None:
     """sha256 over the recipe's tuning database (`<recipe>.tuning/`), so a new record invalidates TVM builds."""
-    from rlopt.manifest import sha256_file
+    from rlopt.files import sha256_file
 
     folder = recipe_path.parent / f"{recipe_path.stem}.tuning"
     if not folder.is_dir():
@@ -23,9 +23,7 @@ def tuning_digest(recipe_path: Path) -> str | None:
 
 
 def _is_cuda(ctx: Context) -> bool:
-    from rlopt.backends.tvm.cuda import is_cuda_target
-
-    return is_cuda_target(ctx.recipe.tvm.target)
+    return bool(ctx.recipe.tvm.on_cuda)
 
 
 class _TvmStage(Stage):

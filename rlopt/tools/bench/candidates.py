@@ -184,7 +184,7 @@ def _torch_call(module: Any, input_names: list[str]) -> Callable[[dict[str, np.n
 def eager_module(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None) -> tuple[Any, str]:
     """The eager PyTorch network and where it came from; raises BackendUnavailable with the reason when it cannot."""
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.user_model import build_model, submodule
 
     stored_path = checked_file(model_dir, manifest.recipe)
     stored = load_recipe(stored_path)

@@ -342,7 +342,7 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
     GFLOP and GFLOP/s out: torch's FlopCounterMode imports torch._dynamo on first use (about 2 s). `seed` orders
     the rounds (default: a new one, recorded in the report, so two runs are independent and one can be replayed).
     """
-    from rlopt.compile import tool_versions
+    from rlopt.backends import tool_versions
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)

@@ -34,7 +34,7 @@ from rlopt.manifest import NetworkRecord, checked_file, read_manifest, shape_lab
 from rlopt.reference import Reference, random_input
 from rlopt.machine import usable_core_ids, usable_cores
 from rlopt.tools.warmup.analysis import LoadRecord, WarmupResult, analyse, max_abs_difference
-from rlopt.tools.warmup.profile import WarmupProfile, load_profile
+from rlopt.warmup_profile import WarmupProfile, load_profile
 from rlopt.tools.warmup.report import write_reports
 from rlopt.tools.warmup.schema import Divergence, LiveShape, LiveStatus, Monitor
 

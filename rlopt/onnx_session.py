@@ -1,7 +1,8 @@
 """One way to open an ONNX Runtime session: the options rlopt sets, exactly the providers asked for, typed errors.
 
-Every place that opens a session (the runner, the build's provider check, int8 quantization's gate, GEMM padding's
-exactness check, bench) goes through `make_session`, so a setting is decided once.
+ONNX Runtime is both a backend and the front end's ONNX executor (GEMM padding's exactness check, bench's
+baseline), so this lives below both. Every place that opens a session goes through `make_session`, so a setting
+is decided once.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from rlopt.backends.onnxruntime.facts import CPU_PROVIDER
 from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.lazy import require
 
+CPU_PROVIDER = "CPUExecutionProvider"
 Optimization = Literal["disable", "basic", "extended", "all"]
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
            "all": "ORT_ENABLE_ALL"}
@@ -59,4 +60,4 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
     return session
 
 
-__all__ = ["make_session"]
+__all__ = ["CPU_PROVIDER", "make_session"]
