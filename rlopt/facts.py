@@ -83,6 +83,15 @@ class ArtifactFacts(Facts):
         companion) serves it. How refit's latency check tells which bytes a timing at a shape ran."""
         return None
 
+    def summary(self) -> list[str]:
+        """Lines `rlopt inspect` shows for the artifact beyond its parity and latency; none by default."""
+        return []
+
+    def serving_variant(self) -> str | None:
+        """The code path (a `variant_parity` key) that serves shapes without a build of their own, None where the
+        artifact itself serves every shape (TVM: its padded or dynamic library)."""
+        return None
+
     def gate_passed(self, variant: str) -> bool:
         """Whether compile's parity gate passed `variant` (variant_parity.<variant>.passed)."""
         verdict = self.variant_parity.get(variant)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.lazy import require
 
+LIBRARY = "onnxruntime"  # the module (onnxruntime or onnxruntime-gpu installs it)
 CPU_PROVIDER = "CPUExecutionProvider"
 Optimization = Literal["disable", "basic", "extended", "all"]
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -33,7 +34,7 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
     Raises ArtifactError when ONNX Runtime cannot load the model, and BackendUnavailable when the session lacks a
     requested provider (ONNX Runtime would silently fall back to the CPU).
     """
-    ort = require("onnxruntime")
+    ort = require(LIBRARY)
     wanted = list(providers or [CPU_PROVIDER])
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -60,4 +61,4 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
     return session
 
 
-__all__ = ["CPU_PROVIDER", "make_session"]
+__all__ = ["CPU_PROVIDER", "LIBRARY", "make_session"]

@@ -95,9 +95,9 @@ def test_without_the_gates_pass_other_shapes_take_the_dynamic_library(tiny_compi
     runner.infer({"input0": np.ones((3, 2, 32), np.float32)})
     assert isinstance(runner._local.plans[(((3, 2, 32), np.dtype(np.float32)),)], VmCall)  # type: ignore[attr-defined]
     # compile timed only the path that serves other shapes (padded); the dynamic one, unmeasured, is never picked
-    assert unbucketed_variant(artifact.facts) == "dynamic" and unbucketed_p50(artifact) == float("inf")
-    assert unbucketed_variant(record.artifacts["tvm"].facts) == "padded"
-    assert unbucketed_p50(record.artifacts["tvm"]) == record.artifacts["tvm"].facts["variant_latency_us"]["padded"]["opt"]
+    assert unbucketed_variant("tvm", artifact.facts) == "dynamic" and unbucketed_p50("tvm", artifact) == float("inf")
+    assert unbucketed_variant("tvm", record.artifacts["tvm"].facts) == "padded"
+    assert unbucketed_p50("tvm", record.artifacts["tvm"]) == record.artifacts["tvm"].facts["variant_latency_us"]["padded"]["opt"]
     assert set(record.artifacts["tvm"].facts["variant_latency_us"]) == {"padded"}
 
 

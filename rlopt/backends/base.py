@@ -83,6 +83,28 @@ RefitHook = Callable[[RefitInputs], dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class TritonModel:
+    """How Triton Inference Server serves a backend's artifact (model_config.proto).
+
+    `platform` names Triton's platform (onnxruntime_onnx, pytorch_libtorch, tensorrt_plan), or `backend` a Triton
+    backend that has no platform (openvino); `filename` is the artifact's name in the version folder (its companion
+    files, `ArtifactFacts.companion_files`, keep their own names beside it); `note` one comment line for
+    config.pbtxt; `rules` the "module:function" path of a function (config, profiles) -> config that adds what this
+    Triton backend needs beyond the generic config (rlopt.compile.triton.model_config: a dict, rlopt.pbtxt.Enum for
+    enum values; profiles: rlopt.stages.profiles.ShapeProfiles), e.g. tensor names or an instance group.
+    """
+
+    filename: str
+    platform: str = ""
+    backend: str = ""
+    note: str = ""
+    rules: str | None = None
+
+    def rules_function(self) -> Callable[[dict[str, Any], Any], dict[str, Any]] | None:
+        return _load(self.rules) if self.rules else None
+
+
+@dataclass(frozen=True)
 class Backend:
     """Everything rlopt knows about one backend, importable without the backend's own library.
 
@@ -90,6 +112,7 @@ class Backend:
     view of what its build records (an ArtifactFacts subclass); `unavailable` and `threads` take it.
     `unavailable` returns None when the backend's artifacts can run here, else one line saying why not.
     `threads` says how many threads the backend computes with, from the facts its build recorded.
+    `triton` says how Triton serves its artifacts (None: MODEL_DIR/triton leaves it out).
     `stages` are the "module:Class" paths of its compile stages (rlopt.stages.base.Stage), run in
     order after the front end; the artifact is the last applicable one's.
     `refit` is the "module:function" path of its RefitHook: it rewrites the artifact's weights in
@@ -111,6 +134,8 @@ class Backend:
     `pad_gemm: auto` pads the graph for it (its target is a GPU whose matrix units want aligned dims).
     `build_unavailable`, given its recipe section, says why this machine cannot build it (None: it can try); GEMM
     padding counts only backends that can.
+    `timed_apart`: `auto` times it alone in a worker process of its own (a pool that spins between calls, timed
+    beside other backends' idle pools, reads slower than a session routed to it alone runs it).
     """
 
     name: str
@@ -122,7 +147,8 @@ class Backend:
     distributions: tuple[tuple[str, tuple[str, ...]], ...] = ()
     pads_gemm: Callable[[Any], bool] | None = None
     build_unavailable: Callable[[Any], str | None] = lambda config: None
-    triton_platform: tuple[str, str] | None = None
+    timed_apart: bool = False
+    triton: TritonModel | None = None
     native: bool = False
     facts: type[ArtifactFacts] = ArtifactFacts
     stages: tuple[str, ...] = ()
@@ -151,4 +177,5 @@ def module_missing(module: str) -> str | None:
     return None if find_spec(module) is not None else f"python module '{module}' is not installed"
 
 
-__all__ = ["Backend", "BoundCall", "Infer", "RefitHook", "RefitInputs", "Runner", "flatten_outputs", "module_missing"]
+__all__ = ["Backend", "BoundCall", "Infer", "RefitHook", "RefitInputs", "Runner", "TritonModel", "flatten_outputs",
+           "module_missing"]

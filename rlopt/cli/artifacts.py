@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -33,7 +33,7 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
     """Human summary of a MODEL_DIR's manifest."""
     from rlopt.manifest import read_manifest
     from rlopt.render import stdout, summary_table
-    from rlopt.runtime import unbucketed_variant
+    from rlopt.backends import facts_of
 
     manifest = read_manifest(model_dir)
     if json_out:
@@ -54,30 +54,8 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
             if why:
                 stdout.print(f"  auto chosen: {why}", markup=False)
         for backend, record in network.artifacts.items():
-            notes = record.facts.get("fused_kernels")
-            if notes:
-                stdout.print(f"  {backend}: fused kernels {', '.join(notes)}")
-            if record.facts.get("tuning_summary"):
-                stdout.print(f"  {backend}: {record.facts['tuning_summary']}, {record.facts.get('num_threads')} "
-                             f"thread(s), target {record.facts.get('target')}", markup=False)
-            serving = unbucketed_variant(record.facts)
-            if serving is not None:
-                stdout.print(f"  {backend}: shapes without their own library: {OTHER_SHAPES[serving]}"
-                             + _padding_note(record.facts, serving), markup=False)
+            for line in facts_of(backend, record.facts).summary():
+                stdout.print(f"  {backend}: {line}", markup=False)
             if record.facts.get("notice"):
                 stdout.print(f"  {backend}: [yellow]{record.facts['notice']}[/]")
     stdout.print(summary_table(manifest))
-
-
-OTHER_SHAPES = {"padded": "zero-padded into the smallest bigger tuned library", "dynamic": "the dynamic library"}
-
-
-def _padding_note(facts: dict[str, Any], serving: str) -> str:
-    """Why a TVM artifact does not pad, when it does not."""
-    gate = facts.get("variant_parity", {}).get("padded")
-    if serving == "padded" or gate is None:
-        return ""
-    if not gate.get("passed"):
-        detail = gate.get("error") or f"max_abs {gate.get('max_abs')}"
-        return f" (padding failed the parity gate: {detail})"
-    return " (padding does not reach every shape: a varying dim that no output follows)"

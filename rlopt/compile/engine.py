@@ -57,6 +57,7 @@ class BackendOutcome:
     skipped: str | None = None
     failure: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)  # what a skipped backend had settled (BackendUnavailable)
+    identity: Any = None  # the producing stage's artifact_identity (None: the artifact's bytes)
 
 
 class Engine:
@@ -102,7 +103,7 @@ class Engine:
             for stage in stages:
                 out = self.run(stage, ctx)
                 if out is not None:
-                    outcome.output = out
+                    outcome.output, outcome.identity = out, stage.artifact_identity(ctx, out)
         except BackendUnavailable as exc:
             return BackendOutcome(skipped=str(exc), facts=exc.facts)
         except StageError as exc:

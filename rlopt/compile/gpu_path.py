@@ -66,13 +66,17 @@ def precision_record(spec: NetworkSpec, artifacts: dict[str, BackendRecord]) -> 
 
 def write_triton(staging: Path, recipe_name: str, network: str, artifacts: dict[str, BackendRecord],
                  plan: ShapeProfiles, reference: Reference, spec: NetworkSpec) -> dict[str, FileRecord]:
-    """Triton models for every verified backend Triton serves; returns the files to list in the manifest."""
-    from rlopt.compile.triton import PLATFORMS, output_shapes, write_models
+    """Triton models for every verified backend Triton serves (each with its artifact's companion files); returns the
+    files to list in the manifest."""
+    from rlopt.backends import facts_of
+    from rlopt.compile.triton import SERVED, output_shapes, write_models
 
-    servable = {b: staging / r.path for b, r in artifacts.items() if b in PLATFORMS and r.verified and r.path}
+    servable = {b: staging / r.path for b, r in artifacts.items() if b in SERVED and r.verified and r.path}
     if not servable:
         return {}
+    companions = {b: [staging / ref.path for ref in facts_of(b, artifacts[b].facts).companion_files()]
+                  for b in servable}
     outputs = output_shapes(reference.arrays, reference.output_names)
     dtypes = {name: s.dtype for name, s in spec.inputs.items()}
-    written = write_models(staging / "triton", recipe_name, network, servable, plan, outputs, dtypes)
+    written = write_models(staging / "triton", recipe_name, network, servable, plan, outputs, dtypes, companions)
     return {p.relative_to(staging).as_posix(): file_record(staging, p) for p in written}

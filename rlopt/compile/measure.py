@@ -15,7 +15,6 @@ import numpy as np
 
 from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
 from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
-from rlopt.backends.tvm.runner import bucket_files
 from rlopt.stages.base import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, first_line
 from rlopt.machine import OtherLoad, usable_cores
@@ -29,7 +28,6 @@ from rlopt.runtime.routes import NOISE, OTHER, Table, choose_route
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
 
-CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
 VARIANT_SAMPLES = 4
 TIMING_BUDGET_S = 0.1  # per point, for the manifest's p50/p99 and `auto`'s pruning; `auto` times its choice itself
 Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
@@ -56,8 +54,8 @@ class VerifyBackend(Stage):
     name, inputs, cached, machine_dependent = "verify", ("reference.npz",), True, True
     helpers = ("rlopt.verify", "rlopt.parity")  # the gate: a changed gate re-runs, not a cached verdict
 
-    def __init__(self, backend: str, output: StageOutput, tol: Tolerance) -> None:
-        self.backend, self.output, self.tol = backend, output, tol
+    def __init__(self, backend: str, output: StageOutput, tol: Tolerance, identity: Any = None) -> None:
+        self.backend, self.output, self.tol, self.identity = backend, output, tol, identity
 
     @property
     def label(self) -> str:
@@ -65,8 +63,9 @@ class VerifyBackend(Stage):
 
     def config(self, ctx: Context) -> Any:
         assert self.output.artifact is not None
-        files = [self.output.artifact, *(ctx.staging / f["path"] for f in bucket_files(self.output.facts))]
-        identity = ctx.keys["module"] if self.backend == "torchscript" else [sha256_file(f) for f in files]
+        companions = facts_of(self.backend, self.output.facts).companion_files()
+        files = [self.output.artifact, *(ctx.staging / ref.path for ref in companions)]
+        identity = self.identity if self.identity is not None else [sha256_file(f) for f in files]
         return {"artifact": identity, "facts": self.output.facts, "reference": sha256_file(ctx.artifacts["reference.npz"]),
                 "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution}
 
@@ -89,7 +88,7 @@ class VerifyBackend(Stage):
         backend, output, tol, spec, reference = self.backend, self.output, self.tol, ctx.spec, ctx.reference
         assert output.artifact is not None
         facts = dict(output.facts)
-        if spec.precision != "fp32" and backend in CPU_BACKENDS and "precision_built" not in facts:
+        if spec.precision != "fp32" and "precision_built" not in facts:  # a build that records none ran fp32
             facts["notice"] = f"precision {spec.precision} not applied: {backend} runs fp32 on this CPU"
         record = file_record(ctx.staging, output.artifact)
         base = BackendRecord(path=record.path, sha256=record.sha256, bytes=record.bytes, facts=facts)
@@ -100,7 +99,7 @@ class VerifyBackend(Stage):
             return base, None
         try:
             gate = gate_runner(runner, reference, spec.kind, spec.distribution, tol, variant_samples=VARIANT_SAMPLES,
-                               facts=base.facts)
+                               facts=facts_of(backend, base.facts))
             base.parity = gate.parity
             if gate.variant_parity:
                 base.facts.setdefault("variant_parity", {}).update(gate.variant_parity)
@@ -326,8 +325,8 @@ class ChooseAuto(Stage):
         recorded = {b: {label: record.artifacts[b].latency_us[p].p50 for label, p in labels.items()
                         if label != OTHER and p in record.artifacts[b].latency_us} for b in candidates}
         for b in candidates:
-            if OTHER in labels and math.isfinite(unbucketed_p50(record.artifacts[b])):
-                recorded[b][OTHER] = unbucketed_p50(record.artifacts[b])
+            if OTHER in labels and math.isfinite(unbucketed_p50(b, record.artifacts[b])):
+                recorded[b][OTHER] = unbucketed_p50(b, record.artifacts[b])
         alone: Table = recorded
         together: Table | None = None
         rounds = 0

@@ -49,10 +49,11 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
     engine.run_all([stage() for stage in (frontend if frontend is not None else FRONTEND)], ctx)
     artifacts: dict[str, BackendRecord] = {}
     built: dict[str, StageOutput] = {}
+    identities: dict[str, Any] = {}
     for backend in ctx.recipe.backends:
         outcome = engine.run_backend(backend, backend_stages(backend), ctx)
         if outcome.output is not None:
-            built[backend] = outcome.output
+            built[backend], identities[backend] = outcome.output, outcome.identity
         else:
             artifacts[backend] = BackendRecord(skipped=outcome.skipped, facts=outcome.facts)
         if outcome.failure:
@@ -61,7 +62,7 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
         tol, parity_gate = verify.gate_for(output.facts.get("precision_built"))
         if parity_gate is not None:  # recorded, so `rlopt verify` re-checks with the same tolerances
             output.facts["parity_gate"] = parity_gate.as_dict()
-        out = engine.run(VerifyBackend(backend, output, tol), ctx)
+        out = engine.run(VerifyBackend(backend, output, tol, identities[backend]), ctx)
         assert out is not None
         artifacts[backend], failure = backend_record(ctx, out, output.artifact)
         if failure:

@@ -48,7 +48,7 @@ def session_calls(runner: Runner, name: str, record: NetworkRecord, reference: R
                               if label != OTHER}
     if OTHER in labels:
         feeds = reference.feeds(labels[OTHER], 0)
-        variant = unbucketed_variant(record.artifacts[name].facts)
+        variant = unbucketed_variant(name, record.artifacts[name].facts)
         infer = {**runner.parity_variants(), **runner.gated_variants()}.get(variant) if variant else None
         calls[OTHER] = (lambda: infer(feeds)) if infer is not None else (lambda: session.run(feeds))
     return calls

@@ -86,7 +86,7 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     over from the old MODEL_DIR (same graph, same code). `runner_facts` (default `facts`) open the runner: refit's
     side-by-side gates open it on one thread (`Backend.one_thread`; the thread count changes no number, see
     docs/refit.md)."""
-    from rlopt.backends import open_runner
+    from rlopt.backends import facts_of, open_runner
     from rlopt.verify import gate_runner
 
     assert record.path is not None
@@ -99,7 +99,7 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     runner = open_runner(backend, path, list(spec.inputs), facts if runner_facts is None else runner_facts)
     try:
         result = gate_runner(runner, reference, spec.kind, spec.distribution, tol, variant_samples=VARIANT_SAMPLES,
-                             facts=facts, code_unchanged=True)
+                             facts=facts_of(backend, facts), code_unchanged=True)
     finally:
         runner.close()
     new.parity = result.parity
@@ -220,9 +220,14 @@ def _save_reference(reference: Reference, path: Path, staging: Path) -> FileReco
 
 
 def copies_of(old: NetworkRecord) -> dict[str, str]:
-    """{copy: source} for the files that are byte copies of another file or artifact of the network (Triton's
-    model.pt / model.onnx / model.plan), found by the sha256 the old manifest recorded for both."""
-    before = {record.sha256: record.path for record in [*old.files.values(), *old.artifacts.values()]
+    """{copy: source} for the files that are byte copies of another file, artifact or artifact's companion file of the
+    network (Triton's model.pt / model.onnx / model.plan and the files placed beside them), found by the sha256 the
+    old manifest recorded for both."""
+    from rlopt.backends import facts_of
+
+    companions = [ref for backend, record in old.artifacts.items() if record.built
+                  for ref in facts_of(backend, record.facts).companion_files()]
+    before = {record.sha256: record.path for record in [*old.files.values(), *old.artifacts.values(), *companions]
               if record.path and not record.path.startswith("triton/")}
     return {record.path: before[record.sha256] for record in old.files.values()
             if before.get(record.sha256) not in (None, record.path)}

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.backends.tvm.facts import TvmFacts
-from rlopt.backends.tvm.padding import padding_plan
+from rlopt.backends import facts_of
 from rlopt.facts import ArtifactFacts, NetworkFacts
 from rlopt.manifest import BackendRecord, NetworkRecord
 from rlopt.runtime.session import ShapeKey
@@ -38,22 +37,17 @@ def ranked_backends(record: NetworkRecord) -> list[str]:
     return verified
 
 
-def unbucketed_variant(facts: ArtifactFacts | Mapping[str, Any]) -> str | None:
-    """The path of an artifact with per-shape builds (TVM) that serves every other shape: 'padded' once the parity
-    gate passed it and every shape in [min, max] pads into some build, else 'dynamic'; None without such builds."""
-    typed = TvmFacts.of(facts)
-    builds = typed.shape_builds
-    if not builds:
-        return None
-    plan = padding_plan(builds, list(builds[0].shapes))
-    return "padded" if typed.gate_passed("padded") and plan is not None and plan.covers_range else "dynamic"
+def unbucketed_variant(backend: str, facts: ArtifactFacts | Mapping[str, Any]) -> str | None:
+    """The code path of `backend`'s artifact that serves shapes without a build of their own (its facts'
+    `serving_variant`: TVM's 'padded' or 'dynamic'); None where the artifact itself serves every shape."""
+    return facts_of(backend, facts).serving_variant()
 
 
-def unbucketed_p50(artifact: BackendRecord) -> float:
+def unbucketed_p50(backend: str, artifact: BackendRecord) -> float:
     """Latency at the opt shape, measured alone, through the code path that serves shapes without their own build
-    (TVM's padded or dynamic library, `facts.variant_latency_us`; unmeasured = inf)."""
-    facts = TvmFacts.of(artifact.facts)
-    variant = unbucketed_variant(facts)
+    (`facts.variant_latency_us` of that path; unmeasured = inf), else the artifact's own."""
+    facts = facts_of(backend, artifact.facts)
+    variant = facts.serving_variant()
     if variant is not None:
         value = facts.variant_latency_us.get(variant, {}).get("opt")
         return float(value) if value else float("inf")

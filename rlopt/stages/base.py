@@ -122,6 +122,12 @@ class Stage:
         """One line for progress once the stage finished."""
         return out.artifact.name if isinstance(out.artifact, Path) else ""
 
+    def artifact_identity(self, ctx: Context, out: StageOutput) -> Any:
+        """What identifies the artifact this stage produced, for the cache key of its verification; None: the bytes
+        of its files. A stage whose file differs byte for byte between identical builds names what it is built
+        from instead."""
+        return None
+
     @classmethod
     def code_version(cls) -> str:
         """sha256 of the stage's own module and its declared helpers: editing other rlopt code keeps its entries."""

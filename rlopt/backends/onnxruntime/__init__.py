@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.base import Backend, TritonModel, module_missing
 from rlopt.backends.onnxruntime.config import OnnxRuntimeConfig
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.machine import gpu_absent_reason
@@ -34,6 +34,7 @@ BACKEND = Backend(
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
     unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts, config=OnnxRuntimeConfig,
     distributions=(("onnxruntime", ("onnxruntime", "onnxruntime-gpu")),), pads_gemm=lambda config: False,
-    triton_platform=("onnxruntime_onnx", "model.onnx"),
+    timed_apart=True,
+    triton=TritonModel(platform="onnxruntime_onnx", filename="model.onnx"),
     stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",),
     refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread)

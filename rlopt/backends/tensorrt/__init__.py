@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.base import Backend, TritonModel, module_missing
 from rlopt.backends.tensorrt.availability import tensorrt_unavailable_reason
 from rlopt.backends.tensorrt.config import TensorRTConfig
 from rlopt.backends.tensorrt.facts import TensorRTFacts
@@ -25,6 +25,7 @@ BACKEND = Backend(
     distributions=(("tensorrt", ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11", "tensorrt-cu13-bindings",
                                  "tensorrt-cu12-bindings", "tensorrt-cu11-bindings")),),
     pads_gemm=lambda config: True, build_unavailable=_build_unavailable,
-    triton_platform=("tensorrt_plan", "model.plan"), native=True,
+    triton=TritonModel(platform="tensorrt_plan", filename="model.plan",
+                       rules="rlopt.backends.tensorrt.triton:every_profile_on_the_gpu"), native=True,
     stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",),
     refit="rlopt.backends.tensorrt.refit:refit_artifact")

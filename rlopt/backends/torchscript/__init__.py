@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
-from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.base import Backend, TritonModel, module_missing
 from rlopt.backends.torchscript.facts import TorchScriptFacts
 
 
 def _threads(facts: TorchScriptFacts) -> int | str:
+    """torch's intra-op threads where torch is loaded (they are process-wide), else what OMP_NUM_THREADS will set."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        return int(torch.get_num_threads())
     return int(os.environ.get("OMP_NUM_THREADS", "0")) or "torch default"
 
 
@@ -23,6 +28,8 @@ BACKEND = Backend(
     runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
     unavailable=lambda facts: module_missing("torch"), threads=_threads, facts=TorchScriptFacts,
     distributions=(("torch", ("torch",)),),
-    triton_platform=("pytorch_libtorch", "model.pt"),
+    triton=TritonModel(platform="pytorch_libtorch", filename="model.pt",
+                       note="Triton's PyTorch backend matches tensors by position: <name>__<index>.",
+                       rules="rlopt.backends.torchscript.triton:positional_names"),
     stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",),
     refit="rlopt.backends.torchscript.refit:refit_artifact", one_thread=_one_thread)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlopt.stages.base import Context, Stage, StageOutput
 
 
@@ -10,3 +12,7 @@ class TorchScriptArtifact(Stage):
 
     def run(self, ctx: Context) -> StageOutput:
         return StageOutput(ctx.artifacts["model.ts"], {"source": "torch.jit.script"})
+
+    def artifact_identity(self, ctx: Context, out: StageOutput) -> Any:
+        """torch.jit.save writes other bytes for the same module: the scripted graph and weights identify it."""
+        return ctx.keys["module"]

@@ -9,6 +9,7 @@ from pydantic import Field
 from rlopt.facts import ArtifactFacts, Facts, FileRef
 
 ShapeKey = tuple[tuple[int, ...], ...]
+OTHER_SHAPES = {"padded": "zero-padded into the smallest bigger tuned library", "dynamic": "the dynamic library"}
 
 
 class ShapeBuild(Facts):
@@ -61,6 +62,37 @@ class TvmFacts(ArtifactFacts):
     @property
     def on_cpu(self) -> bool:
         return self.device_kind == "cpu"
+
+    def summary(self) -> list[str]:
+        """Fused kernels, tuning and threads, and what serves the shapes without a library of their own (and why
+        padding does not, where it does not)."""
+        lines = [f"fused kernels {', '.join(self.fused_kernels)}"] if self.fused_kernels else []
+        if self.tuning_summary:
+            lines.append(f"{self.tuning_summary}, {self.num_threads} thread(s), target {self.target}")
+        serving = self.serving_variant()
+        if serving is not None:
+            lines.append(f"shapes without their own library: {OTHER_SHAPES[serving]}" + self._padding_note(serving))
+        return lines
+
+    def _padding_note(self, serving: str) -> str:
+        """Why the artifact does not pad, when it does not."""
+        gate = self.variant_parity.get("padded")
+        if serving == "padded" or gate is None:
+            return ""
+        if not gate.passed:
+            detail = gate.error or f"max_abs {getattr(gate, 'max_abs', None)}"
+            return f" (padding failed the parity gate: {detail})"
+        return " (padding does not reach every shape: a varying dim that no output follows)"
+
+    def serving_variant(self) -> str | None:
+        """'padded' once the parity gate passed it and every shape in [min, max] pads into some build, else
+        'dynamic'; None without per-shape builds."""
+        from rlopt.backends.tvm.padding import padding_plan
+
+        if not self.shape_builds:
+            return None
+        plan = padding_plan(self.shape_builds, list(self.shape_builds[0].shapes))
+        return "padded" if self.gate_passed("padded") and plan is not None and plan.covers_range else "dynamic"
 
     def bucket_files(self) -> list[FileRef]:
         """The per-shape libraries that travel with the dynamic one."""

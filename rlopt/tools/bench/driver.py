@@ -42,7 +42,7 @@ from rlopt.tools.bench.analysis import (
     shape_results,
     torch_threads,
 )
-from rlopt.tools.bench.candidates import CandidateSpec, candidate_specs, check_recipe, load_reference
+from rlopt.tools.bench.candidates import CandidateSpec, candidate_specs, check_recipe, is_yardstick, load_reference
 from rlopt.tools.bench.schema import BenchReport, NetworkBench, ShapeBench, Skip, WorkerInfo
 from rlopt.tools.bench.worker import BLOCK_CALLS, WARMUP_CALLS, WORKER_CODE, send
 
@@ -260,7 +260,7 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
 
 def flop_counter(workers: list[Worker]) -> Worker | None:
     """Who counts FLOPs: the eager module, else the TorchScript one (FlopCounterMode needs a torch module)."""
-    for kind in ("eager", "torchscript"):
+    for kind in ("eager", "torchscript module"):
         for worker in workers:
             if worker.spec.kind == kind:
                 return worker
@@ -318,7 +318,8 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
                 worker.stop()
             live = [w for w in live if w.spec.name not in failures]
             gflop = counter.gflop if counter in live else None
-            results, ort_best = shape_results(samples, first_ms, [(w.spec.name, w.spec.group) for w in live], gflop)
+            results, ort_best = shape_results(samples, first_ms, [(w.spec.name, w.spec.group) for w in live], gflop,
+                                              {w.spec.name for w in live if is_yardstick(w.spec)})
             shapes.append(ShapeBench(point=point, shape=shape, gflop=gflop, rounds=rounds_of(samples, BLOCK_CALLS - 1),
                                      ort_best=ort_best, results=results,
                                      round_medians_us=round_medians_us(samples, BLOCK_CALLS - 1)))

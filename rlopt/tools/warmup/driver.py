@@ -19,7 +19,6 @@ includes loading and the first calls: the whole cold start a serving process see
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from array import array
@@ -135,16 +134,12 @@ def actor_inputs(request: dict[str, np.ndarray], state: dict[str, str]) -> dict[
 
 
 def _threads_facts(backend: str, record: NetworkRecord) -> dict[str, Any]:
-    facts = record.artifacts[backend].facts
-    threads: dict[str, Any] = {"usable_cores": usable_cores()}
-    if backend == "onnxruntime":
-        threads["backend_threads"] = facts.get("intra_op_threads") or "ONNX Runtime default (one per physical core)"
-    elif backend == "tvm":
-        threads["backend_threads"] = facts.get("num_threads") or os.environ.get("TVM_NUM_THREADS", "TVM default")
-    elif backend == "torchscript":
-        import torch
+    """The cores this process may use and the threads the backend computes with (`Backend.threads`)."""
+    from rlopt.backends import BACKENDS, facts_of
 
-        threads["backend_threads"] = torch.get_num_threads()
+    threads: dict[str, Any] = {"usable_cores": usable_cores()}
+    if backend in BACKENDS and backend in record.artifacts:
+        threads["backend_threads"] = BACKENDS[backend].threads(facts_of(backend, record.artifacts[backend].facts))
     return threads
 
 
