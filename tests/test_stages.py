@@ -60,10 +60,10 @@ def test_tvm_build_fuses_and_is_exact_on_both_branches(exported: tuple[Path, obj
     path, policy, recipe = exported
     out = build_tvm(path, recipe.tvm, tmp_path, recipe_path=tmp_path / "r.yaml", network="policy")
     assert out.artifact is not None and out.artifact.name == "tvm-llvm.so"
-    assert any(name.startswith("fused_matmul") and "relu" in name for name in out.facts["fused_kernels"])
+    assert any(name.startswith("fused_matmul") and "relu" in name for name in out.facts.fused_kernels)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(out.artifact)), tvm.cpu())
     weights = read_params(tmp_path / "tvm-llvm.params.npz")
-    params = bind_params(tvm, vm, out.facts["param_names"], weights, tvm.cpu())
+    params = bind_params(tvm, vm, out.facts.param_names, weights, tvm.cpu())
     for shape in [(1, 1, 32), (1, 5, 32), (3, 2, 32), (4, 6, 32)]:
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         expected = policy(torch.from_numpy(x)).detach().numpy()

@@ -180,10 +180,10 @@ def test_stage_prepares_the_graph_then_builds(version: str, casts: str, tmp_path
     out = build_engine(tmp_path / "model.onnx", plan_for("fp16", tmp=tmp_path), tmp_path,
                        recipe_path=tmp_path / "r.yaml", network="policy", progress=lambda _: None)
     assert out.artifact == tmp_path / "model.plan"
-    assert out.facts["prepared"]["precision_in_graph"] == casts
+    assert out.facts.prepared is not None and out.facts.prepared["precision_in_graph"] == casts
     assert calls_of(trt, "OnnxParser.parse_from_file") == [("model.trt.onnx",)]
     assert not (tmp_path / "model.trt.onnx").exists()
-    assert out.facts["profiles"][0]["obs"] == {"min": [1, 4], "opt": [4, 4], "max": [8, 4]}
+    assert out.facts.profiles[0]["obs"] == {"min": [1, 4], "opt": [4, 4], "max": [8, 4]}
 
 
 def test_runner_call_sequence(tmp_path: Path) -> None:

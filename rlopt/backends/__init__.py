@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlopt.backends import onnxruntime, tensorrt, torchscript, tvm
-from rlopt.backends.base import Backend, Runner, module_missing
+from rlopt.backends.base import Runner, module_missing
+from rlopt.backends.capability import Backend
 from rlopt.errors import BackendUnavailable
 from rlopt.facts import ArtifactFacts
 

@@ -1,4 +1,7 @@
-"""The one interface the runtime, verify, bench and warmup call on a backend's runner."""
+"""The one interface the runtime, verify, bench and warmup call on a backend's runner, and what a refit hook gets.
+
+What a backend declares (its descriptor) is `rlopt.backends.capability.Backend`.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,6 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
-from pydantic import BaseModel
-
 from rlopt.arrays import flatten_outputs
 from rlopt.facts import ArtifactFacts
 
@@ -79,96 +80,7 @@ class RefitInputs:
     state: dict[str, np.ndarray]
 
 
-RefitHook = Callable[[RefitInputs], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class TritonModel:
-    """How Triton Inference Server serves a backend's artifact (model_config.proto).
-
-    `platform` names Triton's platform (onnxruntime_onnx, pytorch_libtorch, tensorrt_plan), or `backend` a Triton
-    backend that has no platform (openvino); `filename` is the artifact's name in the version folder (its companion
-    files, `ArtifactFacts.companion_files`, keep their own names beside it); `note` one comment line for
-    config.pbtxt; `rules` the "module:function" path of a function (config, profiles) -> config that adds what this
-    Triton backend needs beyond the generic config (rlopt.compile.triton.model_config: a dict, rlopt.pbtxt.Enum for
-    enum values; profiles: rlopt.stages.profiles.ShapeProfiles), e.g. tensor names or an instance group.
-    """
-
-    filename: str
-    platform: str = ""
-    backend: str = ""
-    note: str = ""
-    rules: str | None = None
-
-    def rules_function(self) -> Callable[[dict[str, Any], Any], dict[str, Any]] | None:
-        return _load(self.rules) if self.rules else None
-
-
-@dataclass(frozen=True)
-class Backend:
-    """Everything rlopt knows about one backend, importable without the backend's own library.
-
-    `runner` is a "module:attribute" path, imported only when used; `stages` list the build's Stage classes. `facts` is the typed
-    view of what its build records (an ArtifactFacts subclass); `unavailable` and `threads` take it.
-    `unavailable` returns None when the backend's artifacts can run here, else one line saying why not.
-    `threads` says how many threads the backend computes with, from the facts its build recorded.
-    `triton` says how Triton serves its artifacts (None: MODEL_DIR/triton leaves it out).
-    `stages` are the "module:Class" paths of its compile stages (rlopt.stages.base.Stage), run in
-    order after the front end; the artifact is the last applicable one's.
-    `refit` is the "module:function" path of its RefitHook: it rewrites the artifact's weights in
-    `RefitInputs.network_dir` without recompiling and returns the facts to record (the old ones, updated);
-    None means this backend's artifacts cannot be refitted and `rlopt refit` refuses them.
-    `runtime_env` are environment settings under which its library loads only what runs artifacts (for a process
-    that never compiles: see rlopt.backends.runtime_only_process).
-    `stall_floor` gives, per shape label, the latency a call falls back to when its thread pool stalls (a pool that
-    hands each thread one fixed chunk waits for a descheduled thread); `auto` counts that shape at no less.
-    `one_thread` takes an artifact's facts (a dict) and returns the facts to open a runner with that computes on its
-    calling thread alone, after setting that thread up where the library keeps a pool per thread; refit then gates
-    such artifacts side by side, one per core. None: the backend cannot, and refit gates it one network at a time.
-    `config` is its recipe section's model (pydantic, extra keys refused), found in a recipe under the backend's
-    name (`rlopt.recipe.Recipe`); None: the backend has no options.
-    `distributions` are the library's versions as cache keys and `rlopt inspect` record them: (key, the pip
-    distributions that provide it, the first installed one counting), e.g. ("onnxruntime", ("onnxruntime",
-    "onnxruntime-gpu")). A new version of any of them invalidates every cached stage.
-    `pads_gemm` is None for a backend that does not read the ONNX graph; else, given its recipe section, whether
-    `pad_gemm: auto` pads the graph for it (its target is a GPU whose matrix units want aligned dims).
-    `build_unavailable`, given its recipe section, says why this machine cannot build it (None: it can try); GEMM
-    padding counts only backends that can.
-    `timed_apart`: `auto` times it alone in a worker process of its own (a pool that spins between calls, timed
-    beside other backends' idle pools, reads slower than a session routed to it alone runs it).
-    """
-
-    name: str
-    module: str
-    runner: str
-    unavailable: Callable[[Any], str | None]
-    threads: Callable[[Any], int | str]
-    config: type[BaseModel] | None = None
-    distributions: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    pads_gemm: Callable[[Any], bool] | None = None
-    build_unavailable: Callable[[Any], str | None] = lambda config: None
-    timed_apart: bool = False
-    triton: TritonModel | None = None
-    native: bool = False
-    facts: type[ArtifactFacts] = ArtifactFacts
-    stages: tuple[str, ...] = ()
-    refit: str | None = None
-    runtime_env: tuple[tuple[str, str], ...] = ()
-    stall_floor: Callable[[Any], dict[str, float]] | None = None
-    one_thread: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-
-    def runner_class(self) -> type[Runner]:
-        return _load(self.runner)  # type: ignore[no-any-return]
-
-    def refit_hook(self) -> RefitHook | None:
-        return _load(self.refit) if self.refit else None
-
-
-def _load(path: str) -> Any:
-    from importlib import import_module
-
-    module, attribute = path.split(":")
-    return getattr(import_module(module), attribute)
+RefitHook = Callable[[RefitInputs], ArtifactFacts]  # returns the facts to record: the old ones, updated
 
 
 def module_missing(module: str) -> str | None:
@@ -177,5 +89,4 @@ def module_missing(module: str) -> str | None:
     return None if find_spec(module) is not None else f"python module '{module}' is not installed"
 
 
-__all__ = ["Backend", "BoundCall", "Infer", "RefitHook", "RefitInputs", "Runner", "TritonModel", "flatten_outputs",
-           "module_missing"]
+__all__ = ["BoundCall", "Infer", "RefitHook", "RefitInputs", "Runner", "flatten_outputs", "module_missing"]

@@ -33,7 +33,6 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
     """Human summary of a MODEL_DIR's manifest."""
     from rlopt.manifest import read_manifest
     from rlopt.render import stdout, summary_table
-    from rlopt.backends import facts_of
 
     manifest = read_manifest(model_dir)
     if json_out:
@@ -42,20 +41,23 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
     stdout.print(f"[bold]{manifest.name}[/]  rlopt {manifest.rlopt_version}  created {manifest.created_at}")
     stdout.print("versions: " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items() if v))
     stdout.print(f"machine: {manifest.machine.get('cpu')} ({manifest.machine.get('cores')} cores)")
+    for line in manifest.converted:
+        stdout.print(f"read from an older layout: {line}", markup=False)
     for name, network in manifest.networks.items():
         shapes = ", ".join(f"{n} {p.dtype} min {p.min} opt {p.opt} max {p.max}" for n, p in network.inputs.items())
         stdout.print(f"[bold]{name}[/] ({network.kind}, {network.precision}): {shapes} -> {network.outputs}; "
                      f"selected: {network.selected}")
-        routes = network.facts.get("auto_routes")
-        if routes:
-            stdout.print("  auto: " + ", ".join(f"{shape} -> {backend}" for shape, backend in routes.items()),
+        route = network.facts.route
+        if route is not None:
+            stdout.print("  auto: " + ", ".join(f"{shape} -> {backend}" for shape, backend in route.routes.items()),
                          markup=False)
-            why = network.facts.get("auto_choice", {}).get("reason")
-            if why:
-                stdout.print(f"  auto chosen: {why}", markup=False)
+            for backend, options in route.options.items():
+                stdout.print(f"  auto opens {backend} with {options}", markup=False)
+            if route.choice is not None and route.choice.reason:
+                stdout.print(f"  auto chosen: {route.choice.reason}", markup=False)
         for backend, record in network.artifacts.items():
-            for line in facts_of(backend, record.facts).summary():
+            for line in record.facts.summary():
                 stdout.print(f"  {backend}: {line}", markup=False)
-            if record.facts.get("notice"):
-                stdout.print(f"  {backend}: [yellow]{record.facts['notice']}[/]")
+            if record.facts.notice:
+                stdout.print(f"  {backend}: [yellow]{record.facts.notice}[/]")
     stdout.print(summary_table(manifest))

@@ -18,6 +18,7 @@ from rlopt.backends import tool_versions
 from rlopt.compile.cache import StageCache, cache_key
 from rlopt.stages.base import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, StageError
+from rlopt.facts import Facts
 from rlopt.machine import cpu_identity
 
 
@@ -118,8 +119,9 @@ class Engine:
         if hit is not None:
             for name, path in hit.files.items():
                 shutil.copyfile(path, ctx.dir / name)
-            artifact = hit.facts.get("artifact")
-            out = StageOutput(ctx.dir / artifact if artifact else None, hit.facts.get("facts", {}))
+            artifact, facts = hit.facts.get("artifact"), hit.facts.get("facts", {})
+            typed = stage.facts_model.model_validate(facts) if stage.facts_model is not None else facts
+            out = StageOutput(ctx.dir / artifact if artifact else None, typed)
             outcome = "hit"
         else:
             outcome = ("miss: " + self.cache.explain_miss(ctx.scope, label, components)) if self.cache.enabled \
@@ -128,7 +130,8 @@ class Engine:
             out = stage.run(ctx)
             files = {p.name: p for p in sorted(ctx.dir.iterdir()) if p.is_file() and p not in before}
             artifact = out.artifact.name if isinstance(out.artifact, Path) else None
-            self.cache.store(label, components, files, {"artifact": artifact, "facts": out.facts})
+            facts = out.facts.as_dict() if isinstance(out.facts, Facts) else out.facts
+            self.cache.store(label, components, files, {"artifact": artifact, "facts": facts})
         self.cache.remember(ctx.scope, label, components)
         return out, outcome
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlopt.backends import BACKENDS
+from rlopt.facts import PrecisionFacts
 from rlopt.manifest import BackendRecord, FileRecord, file_record
 from rlopt.reference import Reference
 from rlopt.spec import NetworkSpec, RecipeSpec
@@ -47,21 +48,21 @@ def plan_padding(ctx: Context) -> None:
     ctx.padded_for = frozenset(b for b, m in padding_multiples(ctx.recipe).items() if m > 0)
 
 
-def precision_record(spec: NetworkSpec, artifacts: dict[str, BackendRecord]) -> dict[str, Any]:
+def precision_record(spec: NetworkSpec, artifacts: dict[str, BackendRecord]) -> PrecisionFacts:
     """What each backend did with the network's precision on this machine, one line each."""
     lines: dict[str, str] = {}
     for backend, record in artifacts.items():
         if record.skipped:
             lines[backend] = f"not built: {record.skipped}"
             continue
-        built = record.facts.get("precision_built", "fp32")
-        line = f"built in {built}"
-        if record.facts.get("notice"):
-            line += f"; {record.facts['notice']}"
-        if record.facts.get("not_verified"):
-            line += f"; not verified here ({record.facts['not_verified']})"
+        facts = record.facts
+        line = f"built in {facts.precision_built or 'fp32'}"
+        if facts.notice:
+            line += f"; {facts.notice}"
+        if facts.not_verified:
+            line += f"; not verified here ({facts.not_verified})"
         lines[backend] = line
-    return {"requested": spec.precision, "backends": lines}
+    return PrecisionFacts(requested=spec.precision, backends=lines)
 
 
 def write_triton(staging: Path, recipe_name: str, network: str, artifacts: dict[str, BackendRecord],

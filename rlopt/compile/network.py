@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlopt.backends import BACKENDS
+from rlopt.backends import BACKENDS, facts_of
 from rlopt.compile.engine import Engine
 from rlopt.compile.gpu_path import plan_padding, precision_record, write_triton
-from rlopt.compile.measure import ChooseAuto, VerifyBackend, backend_record
+from rlopt.compile.auto import ChooseAuto
+from rlopt.compile.measure import VerifyBackend, backend_record
+from rlopt.facts import ExportFacts, NetworkFacts, ScriptFacts
 from rlopt.manifest import BackendRecord, InputProfile, NetworkRecord, file_record
 from rlopt.runtime import ranked_backends
 from rlopt.stages.base import Context, Stage, StageOutput, load_stage
 from rlopt.stages.frontend import FRONTEND
 
 
-SCRIPT_FACTS = ("graph_sha256", "weights_sha256")
-EXPORT_FACTS = ("exporter", "export_path", "refused", "trace_refused", "dynamo_refused", "weight_map")
 
 
 def backend_stages(backend: str) -> list[Stage]:
@@ -55,16 +55,16 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
         if outcome.output is not None:
             built[backend], identities[backend] = outcome.output, outcome.identity
         else:
-            artifacts[backend] = BackendRecord(skipped=outcome.skipped, facts=outcome.facts)
+            artifacts[backend] = BackendRecord(skipped=outcome.skipped, facts=facts_of(backend, outcome.facts))
         if outcome.failure:
             ctx.failures.append(outcome.failure)
     for backend, output in built.items():
-        tol, parity_gate = verify.gate_for(output.facts.get("precision_built"))
+        tol, parity_gate = verify.gate_for(output.facts.precision_built)
         if parity_gate is not None:  # recorded, so `rlopt verify` re-checks with the same tolerances
-            output.facts["parity_gate"] = parity_gate.as_dict()
+            output = StageOutput(output.artifact, output.facts.updated(parity_gate=parity_gate))
         out = engine.run(VerifyBackend(backend, output, tol, identities[backend]), ctx)
         assert out is not None
-        artifacts[backend], failure = backend_record(ctx, out, output.artifact)
+        artifacts[backend], failure = backend_record(ctx, backend, out, output.artifact)
         if failure:
             ctx.failures.append(failure)
     index_ranges = ctx.outputs["onnx"].facts.get("index_ranges", {}) if "onnx" in ctx.outputs else {}
@@ -85,20 +85,21 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
         record.files["model.padded.onnx"] = file_record(ctx.staging, ctx.artifacts["model.padded.onnx"])
     none = StageOutput(None)
     script, export = ctx.outputs.get("script", none).facts, ctx.outputs.get("onnx", none).facts
-    record.facts = {**ctx.facts, "precision": precision_record(spec, record.artifacts),
-                    "script": {k: script[k] for k in SCRIPT_FACTS if k in script},
-                    "onnx": {k: export[k] for k in EXPORT_FACTS if k in export}}
     engine.run(TritonRepository(record.artifacts), ctx)
     triton: dict[str, Any] = ctx.artifacts["triton"]
     record.files.update(triton)
-    record.facts["triton"] = sorted({path.split("/")[1] for path in triton})
+    record.facts = NetworkFacts(
+        **ctx.facts, precision=precision_record(spec, record.artifacts),
+        script=ScriptFacts(**{k: script[k] for k in ScriptFacts.model_fields if k in script}),
+        onnx=ExportFacts(**{k: export[k] for k in ExportFacts.model_fields if k in export}),
+        triton=sorted({path.split("/")[1] for path in triton}))
     ranked = ranked_backends(record)
     record.selected = ranked[0] if ranked else None
     if ranked:
         auto = engine.run(ChooseAuto(record), ctx)
         assert auto is not None
-        record.selected = auto.facts.pop("selected")
-        record.facts.update(auto.facts)
+        record.selected = auto.facts["selected"]
+        record.facts = record.facts.updated(route=auto.facts["route"])
     if record.selected is None:
         ctx.failures.append(f"{ctx.name}: no backend was built and verified")
     return record

@@ -93,9 +93,8 @@ def rollout_failures(source: Sb3Source, recipe: Recipe, staging: Path, record: A
         if not report.passed:
             failures.append(f"actor/{backend}: rollout: {report.disagreed} of {report.steps} actions differ "
                             f"from predict")
-    record.facts["rollout"] = reports
-    record.facts["rollout_reference"] = rollout_reference(staging / "actor" / "reference.npz", names[0],
-                                                          rollout.steps)
+    record.facts = record.facts.updated(rollout=reports, rollout_reference=rollout_reference(
+        staging / "actor" / "reference.npz", names[0], rollout.steps))
     return failures
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends import BACKENDS
-from rlopt.backends.base import TritonModel
+from rlopt.backends.capability import TritonModel
 from rlopt.pbtxt import Enum, to_pbtxt
 from rlopt.stages.profiles import Batching, ShapeProfiles
 

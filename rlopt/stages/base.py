@@ -17,15 +17,17 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rlopt.facts import Facts
 from rlopt.spec import NetworkSpec, RecipeSpec
 
 
 @dataclass
 class StageOutput:
-    """An artifact a stage wrote (or None) and the facts it wants in the manifest."""
+    """An artifact a stage wrote (or None) and its facts: the stage's `facts_model` where it declares one (a
+    backend's build: its `Backend.facts`), else a dict the front end reads."""
 
     artifact: Path | None
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: Any = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +86,8 @@ class Stage:
     - `machine_dependent`: the output depends on this CPU (its identity joins the cache key).
     - `weights_dependent`: the output bakes the weights (their digest joins the key, not only the graph's).
     - `helpers`: modules besides the stage's own whose source is part of its code version.
+    - `facts_model`: the typed model its output's facts are (rlopt.facts.Facts; a backend's build stage: its
+      `Backend.facts`), so a cached output comes back typed; None: a dict.
     """
 
     name: ClassVar[str] = ""
@@ -93,6 +97,7 @@ class Stage:
     machine_dependent: ClassVar[bool] = False
     weights_dependent: ClassVar[bool] = True
     helpers: ClassVar[tuple[str, ...]] = ()
+    facts_model: ClassVar[type[Facts] | None] = None
 
     @property
     def label(self) -> str:

@@ -42,7 +42,7 @@ def _build(onnx_path: Path, recipe: Any, spec: Any, model_dir: Path) -> dict[str
     network_dir = model_dir / "policy"
     network_dir.mkdir(parents=True)
     out = build_tvm(onnx_path, recipe.tvm, network_dir, recipe_path=RECIPE, network="policy", spec=spec)
-    return out.facts
+    return out.facts.as_dict()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def _refit(builds: dict[str, Any], onnx_path: Path, name: str) -> tuple[Path, di
     facts = refit_artifact(RefitInputs(network_dir=model_dir / "policy", artifact="tvm-llvm.so",
                                        facts=TvmFacts.of(builds["a"]), onnx_path=onnx_path, padded_onnx_path=None,
                                        state={}))
-    return model_dir, facts
+    return model_dir, facts.as_dict()
 
 
 def _runner(model_dir: Path, facts: dict[str, Any]) -> Any:

@@ -77,7 +77,7 @@ def _prepared(onnx_path: Path) -> dict[str, np.ndarray]:
     from rlopt.backends.tensorrt.refit import prepared_weights
 
     inputs = RefitInputs(onnx_path.parent, "model.plan", TensorRTFacts(), onnx_path, None, {})
-    return prepared_weights(inputs, {"prepared": {"source": onnx_path.name, "precision_in_graph": "fp32"}})
+    return prepared_weights(inputs, TensorRTFacts(prepared={"source": onnx_path.name, "precision_in_graph": "fp32"}))
 
 
 @pytest.fixture()
@@ -94,7 +94,7 @@ def setup(base_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     shutil.copytree(base_dir / "policy", folder)
     old = _prepared(folder / "model.onnx")
     (folder / "model.plan").write_bytes(b"ENGINE" + pickle.dumps((True, old)))
-    weight_map = read_manifest(base_dir).networks["policy"].facts["onnx"]["weight_map"]
+    weight_map = read_manifest(base_dir).networks["policy"].facts.as_dict()["onnx"]["weight_map"]
     state = {}
     for location, entry in weight_map["entries"].items():
         if entry["transform"] == "identity":
@@ -126,7 +126,7 @@ def test_refit_writes_the_new_weights_by_name(setup: tuple[Path, Path, Path], mo
     facts = refit_artifact(_inputs(folder, onnx_path))
     engine = trt.Runtime(None).deserialize_cuda_engine(plan.read_bytes())
     expected = _prepared(onnx_path)
-    assert facts["refitted_weights"] == len(engine.weights) > 0
+    assert facts.refitted_weights == len(engine.weights) > 0
     for name, value in engine.weights.items():
         np.testing.assert_array_equal(value, expected[name])
     assert any(not np.array_equal(value, old[name]) for name, value in engine.weights.items())

@@ -7,6 +7,7 @@ from pathlib import Path
 from rlopt.errors import BackendUnavailable
 from rlopt.lazy import require
 from rlopt.backends.onnxruntime.config import OnnxRuntimeConfig
+from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
 from rlopt.stages.base import StageOutput
 
 
@@ -24,5 +25,5 @@ def check_onnxruntime(onnx_path: Path, config: OnnxRuntimeConfig) -> StageOutput
     if any(p not in got for p in config.providers):
         raise BackendUnavailable(f"ONNX Runtime session has providers {got}, not {config.providers}; "
                                  "never falling back silently")
-    return StageOutput(onnx_path, {"providers": list(config.providers), "graph_optimization": "ORT_ENABLE_ALL",
-                                   "onnxruntime": ort.__version__})
+    return StageOutput(onnx_path, OnnxRuntimeFacts(providers=list(config.providers), graph_optimization="ORT_ENABLE_ALL",
+                                                   onnxruntime=ort.__version__))

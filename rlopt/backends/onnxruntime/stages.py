@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
 from rlopt.stages.base import Context, Stage, StageOutput
 
 
 class OnnxRuntimeCheck(Stage):
     name, inputs, outputs = "onnxruntime", ("model.onnx", "model.padded.onnx"), ("onnxruntime",)
+    facts_model = OnnxRuntimeFacts
     helpers = ("rlopt.backends.onnxruntime.build", "rlopt.backends.onnxruntime.quantize")
 
     def upstream(self, ctx: Context) -> dict[str, Any]:
@@ -29,5 +31,5 @@ class OnnxRuntimeCheck(Stage):
                                   gate=ctx.recipe.verify.gate_for("int8")[0],
                                   recipe_path=ctx.recipe_path, network=ctx.name)
         assert quantized.artifact is not None
-        return StageOutput(quantized.artifact, {**check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime).facts,
-                                                **quantized.facts})
+        checked = check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime)
+        return StageOutput(quantized.artifact, checked.facts.updated(**quantized.facts))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from rlopt.backends.base import Backend, TritonModel, module_missing
+from typing import Any
+
+from rlopt.backends.base import module_missing
+from rlopt.backends.capability import Backend, TritonModel
 from rlopt.backends.tensorrt.availability import tensorrt_unavailable_reason
 from rlopt.backends.tensorrt.config import TensorRTConfig
 from rlopt.backends.tensorrt.facts import TensorRTFacts
@@ -17,6 +20,14 @@ def _build_unavailable(config: TensorRTConfig) -> str | None:
     return tensorrt_unavailable_reason()
 
 
+def _upgrade_v1_facts(network: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 kept the network's shape profiles in its `tensorrt_plan` (the rest is in the engine's own facts)."""
+    plan = network.pop("tensorrt_plan", None)
+    if isinstance(plan, dict) and plan.get("profiles"):
+        network.setdefault("profiles", plan["profiles"])
+    return {}
+
+
 BACKEND = Backend(
     name="tensorrt", module="tensorrt",
     runner="rlopt.backends.tensorrt.runner:TensorRTRunner",
@@ -28,4 +39,4 @@ BACKEND = Backend(
     triton=TritonModel(platform="tensorrt_plan", filename="model.plan",
                        rules="rlopt.backends.tensorrt.triton:every_profile_on_the_gpu"), native=True,
     stages=("rlopt.backends.tensorrt.stages:TensorRTEngine",),
-    refit="rlopt.backends.tensorrt.refit:refit_artifact")
+    refit="rlopt.backends.tensorrt.refit:refit_artifact", upgrade_v1_facts=_upgrade_v1_facts)

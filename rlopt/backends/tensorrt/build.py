@@ -18,6 +18,7 @@ from rlopt.errors import BackendUnavailable
 from rlopt.lazy import require
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tensorrt.availability import tensorrt_unavailable_reason
+from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 
@@ -40,4 +41,4 @@ def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_p
     facts = {**plan.facts(), **result.facts, "onnx": onnx_path.name, "prepared": prepared.facts}
     if notice:
         facts["notice"] = notice
-    return StageOutput(out_dir / "model.plan", facts)
+    return StageOutput(out_dir / "model.plan", TensorRTFacts(**facts))

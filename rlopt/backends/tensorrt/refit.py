@@ -15,17 +15,18 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends.base import RefitInputs
+from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.lazy import require
 
 
-def prepared_weights(inputs: RefitInputs, facts: dict[str, Any]) -> dict[str, np.ndarray]:
+def prepared_weights(inputs: RefitInputs, facts: TensorRTFacts) -> dict[str, np.ndarray]:
     """The initializers of the refitted graph after the build's own TensorRT preparation, by name."""
     from rlopt.backends.tensorrt.prepare import prepare_for_tensorrt
 
     numpy_helper = require("onnx.numpy_helper")
     onnx = require("onnx")
-    prepared = facts.get("prepared") or {}
+    prepared = facts.prepared or {}
     source = inputs.padded_onnx_path if prepared.get("source") == "model.padded.onnx" else inputs.onnx_path
     if source is None:
         raise StageError(located(inputs.network_dir, "tensorrt", "the engine was built from model.padded.onnx, which "
@@ -51,12 +52,12 @@ def _named_tensors(onnx: Any, graph: Any) -> Any:
                 yield from _named_tensors(onnx, attribute.g)
 
 
-def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
+def refit_artifact(inputs: RefitInputs) -> TensorRTFacts:
     from rlopt.backends.tensorrt.build import tensorrt_unavailable_reason
 
-    facts = inputs.facts.as_dict()
+    facts = TensorRTFacts.of(inputs.facts)
     path = inputs.network_dir / inputs.artifact
-    if not facts.get("refittable"):
+    if not facts.refittable:
         raise StageError(located(path, "tensorrt.refittable", "the engine was built without the REFIT flag",
                                  "set tensorrt.refittable: true in the recipe and recompile"))
     reason = tensorrt_unavailable_reason()
@@ -87,4 +88,4 @@ def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
     if not refitter.refit_cuda_engine():
         raise StageError(located(path, "tensorrt", "refit_cuda_engine failed", "recompile the MODEL_DIR"))
     path.write_bytes(bytes(engine.serialize()))
-    return {**facts, "refitted_weights": len(kept)}
+    return facts.updated(refitted_weights=len(kept))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.errors import BackendUnavailable
 from rlopt.stages.base import Context, Stage, StageOutput
 
 
 class TensorRTEngine(Stage):
     name, inputs, outputs = "tensorrt", ("model.onnx", "model.padded.onnx", "profiles"), ("tensorrt",)
+    facts_model = TensorRTFacts
     cached, machine_dependent = True, True
     helpers = ("rlopt.backends.tensorrt.build", "rlopt.backends.tensorrt.prepare", "rlopt.backends.tensorrt.adapter",
                "rlopt.backends.tensorrt.plan")

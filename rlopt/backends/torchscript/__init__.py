@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
-from rlopt.backends.base import Backend, TritonModel, module_missing
+from rlopt.backends.base import module_missing
+from rlopt.backends.capability import Backend, TritonModel
 from rlopt.backends.torchscript.facts import TorchScriptFacts
 
 
@@ -18,9 +18,9 @@ def _threads(facts: TorchScriptFacts) -> int | str:
     return int(os.environ.get("OMP_NUM_THREADS", "0")) or "torch default"
 
 
-def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
+def _one_thread(facts: TorchScriptFacts) -> TorchScriptFacts:
     """PyTorch's intra-op threads are process-wide: every parity gate holds them at one (rlopt.reference.one_torch_thread)."""
-    return dict(facts)
+    return facts
 
 
 BACKEND = Backend(

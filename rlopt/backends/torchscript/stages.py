@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlopt.backends.torchscript.facts import TorchScriptFacts
 from rlopt.stages.base import Context, Stage, StageOutput
 
 
 class TorchScriptArtifact(Stage):
-    name, inputs, outputs = "torchscript", ("model.ts",), ("torchscript",)
+    name, inputs, outputs, facts_model = "torchscript", ("model.ts",), ("torchscript",), TorchScriptFacts
 
     def run(self, ctx: Context) -> StageOutput:
-        return StageOutput(ctx.artifacts["model.ts"], {"source": "torch.jit.script"})
+        return StageOutput(ctx.artifacts["model.ts"], TorchScriptFacts(source="torch.jit.script"))
 
     def artifact_identity(self, ctx: Context, out: StageOutput) -> Any:
         """torch.jit.save writes other bytes for the same module: the scripted graph and weights identify it."""

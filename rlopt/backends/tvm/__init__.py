@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.base import module_missing
+from rlopt.backends.capability import Backend
 from rlopt.backends.tvm.config import TvmConfig
 from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.machine import gpu_absent_reason, usable_cores
@@ -43,14 +43,14 @@ def _stall_floor(facts: TvmFacts) -> dict[str, float]:
             if isinstance(row, dict) and row.get("1")}
 
 
-def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
+def _one_thread(facts: TvmFacts) -> TvmFacts:
     """TVM keeps one pool per calling thread: this thread's parallel loops then run inline (stall.one_thread_pool)."""
     from rlopt.backends.tvm.stall import one_thread_pool
     from rlopt.lazy import require
 
     require("tvm")
     one_thread_pool()
-    return dict(facts)
+    return facts
 
 
 BACKEND = Backend(

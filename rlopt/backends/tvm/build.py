@@ -28,6 +28,7 @@ from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.lazy import require
 from rlopt.arrays import shape_label
 from rlopt.backends.tvm.config import TvmConfig
+from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.spec import NetworkSpec
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.importer import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
@@ -242,7 +243,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
     if spec is None:
         dynamic.result()
         facts["params"] = _write_params(out_dir, slug, weights, onnx_name, recipe_path, network)
-        return StageOutput(out_path, facts)
+        return StageOutput(out_path, TvmFacts(**facts))
 
     workloads = [Workload(network, points, shapes, model) for points, shapes in profile_shapes(spec)]
     choice = choose_database(recipe_path, target_dict)
@@ -294,7 +295,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                            + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
                               else "")),
     })
-    return StageOutput(out_path, facts)
+    return StageOutput(out_path, TvmFacts(**facts))
 
 
 def _merge_weights(known: dict[str, Any], more: dict[str, Any], recipe_path: Path, network: str) -> dict[str, Any]:

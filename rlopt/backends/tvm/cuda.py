@@ -26,6 +26,7 @@ from typing import Any
 from rlopt.errors import BackendUnavailable, RecipeError, StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.backends.tvm.config import TvmConfig
+from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.spec import Precision
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.build import fused_kernels, target_slug, tensorize_shape_comparisons
@@ -146,4 +147,4 @@ def build_tvm_cuda(onnx_path: Path, config: TvmConfig, out_dir: Path, *, precisi
     }
     if notice:
         facts["notice"] = notice
-    return StageOutput(out_path, facts)
+    return StageOutput(out_path, TvmFacts(**facts))

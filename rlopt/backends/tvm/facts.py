@@ -53,7 +53,10 @@ class TvmFacts(ArtifactFacts):
     thread_latency_us: dict[str, Any] = Field(default_factory=dict, description="p50 per thread count, per shape")
     database: dict[str, Any] | None = Field(None, description="the tuning database applied")
     pipeline: str | None = None
+    shape_comparisons_tensorized: int | None = Field(None, description="shape comparisons rewritten for the VM")
     tvm: str | None = Field(None, description="the TVM version that built the libraries")
+    library_holds: str | None = Field(None, description="a CUDA library: what it holds (kernels compile at load)")
+    cross_compile_check: dict[str, Any] | None = Field(None, description="a CUDA library: nvcc's check of its kernels")
 
     @property
     def device_kind(self) -> str:

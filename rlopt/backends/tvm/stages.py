@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.stages.base import Context, Stage, StageOutput
 
 
@@ -27,7 +28,7 @@ def _is_cuda(ctx: Context) -> bool:
 
 
 class _TvmStage(Stage):
-    name, inputs, outputs = "tvm", ("model.onnx", "model.padded.onnx"), ("tvm",)
+    name, inputs, outputs, facts_model = "tvm", ("model.onnx", "model.padded.onnx"), ("tvm",), TvmFacts
 
     def upstream(self, ctx: Context) -> dict[str, Any]:
         source = ctx.onnx_for("tvm")
@@ -35,7 +36,7 @@ class _TvmStage(Stage):
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
         name = out.artifact.name if out.artifact else ""
-        return name + (f" ({out.facts['tuning_summary']})" if out.facts.get("tuning_summary") else "")
+        return name + (f" ({out.facts.tuning_summary})" if out.facts.tuning_summary else "")
 
 
 class TvmCudaBuild(_TvmStage):

@@ -125,7 +125,7 @@ def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: P
     if not protocol:
         specs += _torch_baselines(record, torch_compile, common, skipped)
     if "model.onnx" not in record.files:
-        skipped.append(Skip(candidate="onnxruntime", reason="manifest.json lists no model.onnx"))
+        skipped.append(Skip(candidate="onnxruntime sessions", reason="manifest.json lists no model.onnx"))
         return specs
     for threads in sorted({1, cores}):
         label = f"onnxruntime {threads} thread" + ("s" if threads > 1 else "")
