@@ -74,6 +74,23 @@ class VariantParity(Facts):
     outputs: list[OutputParity] | None = None
 
 
+class GpuIdentity(Facts):
+    """The GPU an artifact was built and verified on (rlopt.machine.gpu_identity); `rlopt inspect` shows it."""
+
+    name: str | None = None
+    compute_capability: str | None = None
+    driver: str | None = None
+    cuda_runtime: str | None = Field(None, description="the CUDA runtime of torch's build")
+    tensorrt: str | None = None
+
+    def line(self) -> str:
+        """'GPU NVIDIA A10G (compute 8.6), driver 550.54.15, CUDA 12.8, TensorRT 10.13.3.9': where it was built."""
+        parts = [f"driver {self.driver}" if self.driver else "", f"CUDA {self.cuda_runtime}" if self.cuda_runtime else "",
+                 f"TensorRT {self.tensorrt}" if self.tensorrt else ""]
+        compute = f" (compute {self.compute_capability})" if self.compute_capability else ""
+        return f"GPU {self.name or '(name unknown)'}{compute}" + "".join(f", {part}" for part in parts if part)
+
+
 class ArtifactFacts(Facts):
     """Facts every backend's artifact may carry; a backend's own model extends this."""
 
@@ -83,6 +100,7 @@ class ArtifactFacts(Facts):
     notice: str | None = Field(None, description="one line for the user (e.g. a precision not applied)")
     precision_built: str | None = Field(None, description="the precision the artifact was built in (fp32 when absent)")
     parity_gate: ParityGate | None = Field(None, description="reduced-precision tolerances this artifact was gated by")
+    gpu: GpuIdentity | None = Field(None, description="the GPU a GPU artifact was built and verified on")
     variant_parity: dict[str, VariantParity] = Field(
         default_factory=dict, description="per code path (TVM's dynamic, padded): the parity gate's verdict")
     variant_latency_us: dict[str, dict[str, float]] = Field(
@@ -105,8 +123,8 @@ class ArtifactFacts(Facts):
         return None
 
     def summary(self) -> list[str]:
-        """Lines `rlopt inspect` shows for the artifact beyond its parity and latency; none by default."""
-        return []
+        """Lines `rlopt inspect` shows for the artifact beyond its parity and latency: the GPU it was built on."""
+        return [self.gpu.line()] if self.gpu is not None else []
 
     def serving_variant(self) -> str | None:
         """The code path (a `variant_parity` key) that serves shapes without a build of their own, None where the
@@ -221,5 +239,5 @@ class NetworkFacts(Facts):
     rollout_reference: dict[str, Any] | None = Field(None, description="what of the rollout joined reference.npz")
 
 
-__all__ = ["OTHER", "ArtifactFacts", "AutoChoiceFacts", "ExportFacts", "Facts", "FileRef", "ModelSourceFacts",
+__all__ = ["OTHER", "ArtifactFacts", "AutoChoiceFacts", "ExportFacts", "Facts", "FileRef", "GpuIdentity", "ModelSourceFacts",
            "NetworkFacts", "PadGemmFacts", "ParityGate", "PrecisionFacts", "RoutePlan", "ScriptFacts", "VariantParity"]

@@ -256,7 +256,7 @@ class RolloutConfig(Strict):
     steps: int = Field(default=1000, ge=1)
     seed: int = 0
 
-REDUCED_PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "int8")
+REDUCED_PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "int8", "tf32")  # tf32: fp32 layers with 10-bit mantissas
 
 
 class VerifyConfig(Strict):

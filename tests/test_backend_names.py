@@ -4,7 +4,8 @@ ask the backend's descriptor (rlopt.backends.capability.Backend) instead.
 A name counts as a string constant equal to a registered backend's name, or an attribute named like one (a recipe
 section read as `recipe.tvm`). Exceptions, each for one reason: the lazy-import table names libraries to install
 (rlopt/lazy.py), the front end's ONNX Runtime module names the library it opens (rlopt/onnx_session.py), and TVM's
-tuning is TVM's by definition (`rlopt tune`: rlopt/tools/tune/, and compile's `--tune-trials` flag)."""
+tuning is TVM's by definition (`rlopt tune`: rlopt/tools/tune/, and compile's `--tune-trials` flag), and a GPU's
+identity holds TensorRT's version because contract section 11 defines it so (rlopt/machine.py, rlopt/facts.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from rlopt.backends import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[1] / "rlopt"
 EXEMPT_FILES = ("lazy.py", "onnx_session.py", "tools/tune/")
-EXEMPT_NAMES = {("cli/build.py", "tvm")}  # --tune-trials: TVM's MetaSchedule budget, as a recipe override
+EXEMPT_NAMES = {("cli/build.py", "tvm"),  # --tune-trials: TVM's MetaSchedule budget, as a recipe override
+                ("machine.py", "tensorrt"), ("facts.py", "tensorrt")}  # the GPU identity (contract section 11)
 
 
 def backend_names(source: str, names: set[str]) -> list[tuple[int, str]]:

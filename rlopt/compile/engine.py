@@ -2,8 +2,9 @@
 
 Timing and progress (the Reporter protocol), skips (BackendUnavailable), build failures, and the
 stage cache. A stage's cache key chains like Olive's output ids: its code version (its own module
-and declared helpers, not all of rlopt), its recipe slice, its upstream artifacts' keys, tool
-versions, and this machine's identity only where the stage's output depends on it.
+and declared helpers, not all of rlopt), its recipe slice, its upstream artifacts' keys, the versions of the
+libraries it runs (the front end's, and its backend's declared distributions for a backend's stage), and this
+machine's identity (CPU, and GPU where one is) only where the stage's output depends on it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlopt.backends import tool_versions
+from rlopt.backends import stage_versions
 from rlopt.compile.cache import StageCache, cache_key
 from rlopt.stages.base import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, StageError
 from rlopt.facts import Facts
-from rlopt.machine import cpu_identity
+from rlopt.machine import cpu_identity, gpu_identity
 
 
 class Reporter(Protocol):
@@ -36,19 +37,22 @@ class Silent:
         pass
 
 
-CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name != "pydantic"}
 
 
-def key_components(stage: Stage, ctx: Context) -> dict[str, Any]:
-    """What a stage's output depends on; sha256 of these (canonical JSON) is its cache key."""
+def key_components(stage: Stage, ctx: Context, backend: str | None = None) -> dict[str, Any]:
+    """What a stage's output depends on; sha256 of these (canonical JSON) is its cache key. `backend`: the backend
+    whose stage (build or verification) this is, so its library's version joins the key."""
     upstream = stage.upstream(ctx)
     if not stage.weights_dependent:  # keyed by the graph alone: reusable after new weights (a refit)
         upstream = {name: ({k: v for k, v in key.items() if k != "weights"} if isinstance(key, dict) else key)
                     for name, key in upstream.items()}
     components: dict[str, Any] = {"stage": stage.label, "code": stage.code_version(), "config": stage.config(ctx),
-                                  "upstream": upstream, "versions": CACHE_VERSIONS}
+                                  "upstream": upstream, "backend": backend, "versions": stage_versions(backend)}
     if stage.machine_dependent:
         components["machine"] = cpu_identity()
+        gpu = gpu_identity()
+        if gpu is not None:  # a plan, verdict or latency from another GPU, driver or TensorRT is never reused
+            components["gpu"] = gpu
     return components
 
 
@@ -69,8 +73,9 @@ class Engine:
         for stage in stages:
             self.run(stage, ctx)
 
-    def run(self, stage: Stage, ctx: Context) -> StageOutput | None:
-        """Run one stage (or reuse its cached output); None when it does not apply to this network."""
+    def run(self, stage: Stage, ctx: Context, backend: str | None = None) -> StageOutput | None:
+        """Run one stage (or reuse its cached output); None when it does not apply to this network. `backend`: the
+        backend whose stage it is (its library's version keys the cache)."""
         if not stage.applies(ctx):
             return None
         label = stage.label
@@ -78,7 +83,7 @@ class Engine:
         start = time.perf_counter()
         outcome: str | None = None
         try:
-            components = key_components(stage, ctx)
+            components = key_components(stage, ctx, backend)
             if stage.cacheable(ctx):
                 out, outcome = self._cached(stage, ctx, components)
             else:
@@ -102,7 +107,7 @@ class Engine:
         outcome = BackendOutcome()
         try:
             for stage in stages:
-                out = self.run(stage, ctx)
+                out = self.run(stage, ctx, backend)
                 if out is not None:
                     outcome.output, outcome.identity = out, stage.artifact_identity(ctx, out)
         except BackendUnavailable as exc:
@@ -145,4 +150,4 @@ class Engine:
         self.reporter.stage_finished(ctx.name, stage, status, seconds, detail)
 
 
-__all__ = ["CACHE_VERSIONS", "BackendOutcome", "Engine", "Reporter", "Silent", "key_components"]
+__all__ = ["BackendOutcome", "Engine", "Reporter", "Silent", "key_components"]

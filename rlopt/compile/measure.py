@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.backends import open_runner
+from rlopt.backends import BACKENDS, open_runner
 from rlopt.errors import BackendUnavailable
 from rlopt.facts import ArtifactFacts
 from rlopt.manifest import BackendRecord, Latency, file_record, sha256_file
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
-from rlopt.stages.base import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput, package_digest
 from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
 
@@ -61,7 +61,8 @@ class VerifyBackend(Stage):
         files = [self.output.artifact, *(ctx.staging / ref.path for ref in facts.companion_files())]
         identity = self.identity if self.identity is not None else [sha256_file(f) for f in files]
         return {"artifact": identity, "facts": facts.as_dict(), "reference": sha256_file(ctx.artifacts["reference.npz"]),
-                "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution}
+                "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution,
+                "runner_code": package_digest(BACKENDS[self.backend].runner.split(":")[0])}
 
     def upstream(self, ctx: Context) -> dict[str, Any]:
         return {}

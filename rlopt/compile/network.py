@@ -116,11 +116,12 @@ def stage_code_versions() -> dict[str, str]:
 
 def entry_is_current(stage: str, components: dict[str, Any], versions: dict[str, str] | None = None) -> bool:
     """A cache entry made by this rlopt's stage code and these tool versions (else `rlopt cache prune` removes it)."""
-    from rlopt.compile.engine import CACHE_VERSIONS
+    from rlopt.backends import stage_versions
 
     versions = versions if versions is not None else stage_code_versions()
     name = "verify" if stage.startswith("verify ") else stage
-    return components.get("versions") == CACHE_VERSIONS and components.get("code") == versions.get(name)
+    current = stage_versions(components.get("backend"))
+    return components.get("versions") == current and components.get("code") == versions.get(name)
 
 
 __all__ = ["TritonRepository", "backend_stages", "compile_network", "entry_is_current", "stage_code_versions"]

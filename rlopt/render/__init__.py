@@ -145,7 +145,8 @@ def verify_table(report: VerifyReport) -> Table:
         table.add_column(column, overflow="fold")
     for f in report.findings:
         detail = f.detail + (f" ({parity_text(f.parity)})" if f.parity else "")
-        table.add_row(f.network, f.subject, "[green]ok[/]" if f.ok else "[red]FAIL[/]", detail)
+        result = "[yellow]unverified[/]" if f.unverified else "[green]ok[/]" if f.ok else "[red]FAIL[/]"
+        table.add_row(f.network, f.subject, result, escape(detail))
     return table
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from rlopt.backends import BACKENDS, Runner, facts_of, import_before_torch, open_runner, unavailable_reason
-from rlopt.errors import ArtifactError, UsageError, located
+from rlopt.errors import ArtifactError, BackendUnavailable, UsageError, located
 from rlopt.facts import ArtifactFacts
 from rlopt.manifest import (
     MANIFEST_NAME,
     BackendRecord,
     Manifest,
+    NetworkRecord,
     checked_file,
     checked_private_copy,
     read_manifest,
@@ -81,17 +83,40 @@ def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_
 
 
 def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
-    """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
+    """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened.
+
+    `auto` leaves out a backend whose runner cannot start here after all (its library present, yet, say, CUDA fails
+    to initialise) and routes over the others, as if it had been unusable from the start."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
-    options: dict[str, dict[str, object]] = {}
-    if backend == "auto":
-        record = manifest.network(network, model_dir)
-        plan = recorded_plan(record, usable_backends(manifest, model_dir, network))
-        routes, fallback, options = plan.routes, plan.fallback, plan.options
-    else:
+    if backend != "auto":
         fallback = resolve_backend(manifest, model_dir, network, backend)
-        record, routes = manifest.networks[network], {}
+        return _open(model_dir, network, manifest.networks[network], {}, fallback, {}, backend)
+    record = manifest.network(network, model_dir)
+    usable, failed = usable_backends(manifest, model_dir, network), []
+    while True:
+        plan = recorded_plan(record, usable)
+        try:
+            return _open(model_dir, network, record, plan.routes, plan.fallback, plan.options, backend)
+        except _CannotStart as exc:
+            usable = [name for name in usable if name != exc.backend]
+            failed.append(f"{exc.backend}: {exc.reason}")
+            if not usable:
+                raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}",
+                                            f"no verified backend can start on this machine ({'; '.join(failed)})",
+                                            "recompile on this machine")) from None
+
+
+class _CannotStart(Exception):
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(reason)
+        self.backend, self.reason = backend, reason
+
+
+def _open(model_dir: Path, network: str, record: NetworkRecord, routes: dict[Any, str], fallback: str,
+          options: dict[str, dict[str, Any]], backend: str) -> Session:
+    """Open the runners a route needs, each with the facts its route opens it with (`options` over its artifact's);
+    under `auto`, one that cannot start raises _CannotStart (the others closed)."""
     runners: dict[str, Runner] = {}
     opened = list(dict.fromkeys([fallback, *routes.values()]))
     import_before_torch(opened)
@@ -99,7 +124,12 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
         for name in opened:
             artifact = record.artifacts[name]
             facts = artifact.facts.updated(**options[name]) if name in options else artifact.facts
-            runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
+            try:
+                runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
+            except BackendUnavailable as exc:
+                if backend != "auto":
+                    raise
+                raise _CannotStart(name, str(exc)) from None
     except BaseException:
         for runner in runners.values():
             runner.close()

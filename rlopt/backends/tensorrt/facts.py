@@ -23,6 +23,7 @@ class TensorRTFacts(ArtifactFacts):
     builder_optimization_level: int | None = None
     timing_cache: str | None = None
     time_budget_s: float | None = None
+    tf32: bool | None = Field(None, description="whether fp32 layers may run in TF32 (tensorrt.tf32)")
     tensorrt: str | None = None
     major: int | None = None
     typing: str | None = None
@@ -31,6 +32,7 @@ class TensorRTFacts(ArtifactFacts):
     onnx: str | None = None
     prepared: dict[str, Any] | None = None
     refitted_weights: int | None = Field(None, description="weights `rlopt refit` replaced in the engine")
+    refit: str | None = Field(None, description="how `rlopt refit` replaced them (trt.OnnxParserRefitter)")
 
 
 __all__ = ["TensorRTFacts"]

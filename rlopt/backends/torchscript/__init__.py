@@ -1,4 +1,5 @@
-"""TorchScript: the scripted module itself, served by libtorch (and Triton's pytorch_libtorch)."""
+"""TorchScript: the scripted module itself, served by libtorch (and Triton's pytorch_libtorch); on the CPU, or on CUDA
+with one CUDA graph per named shape (recipe `torchscript: {device: cuda}`, the `cuda` subpackage)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,24 @@ import sys
 
 from rlopt.backends.base import module_missing
 from rlopt.backends.capability import Backend, TritonModel
+from rlopt.backends.torchscript.config import TorchScriptConfig
 from rlopt.backends.torchscript.facts import TorchScriptFacts
 
 
+def _unavailable(facts: TorchScriptFacts) -> str | None:
+    missing = module_missing("torch")
+    if missing or not facts.on_cuda:
+        return missing
+    from rlopt.backends.torchscript.cuda import gate
+
+    return gate.unavailable_reason()
+
+
 def _threads(facts: TorchScriptFacts) -> int | str:
-    """torch's intra-op threads where torch is loaded (they are process-wide), else what OMP_NUM_THREADS will set."""
+    """torch's intra-op threads where torch is loaded (they are process-wide), else what OMP_NUM_THREADS will set;
+    on CUDA, the GPU."""
+    if facts.on_cuda:
+        return "GPU"
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
         return int(torch.get_num_threads())
@@ -25,11 +39,11 @@ def _one_thread(facts: TorchScriptFacts) -> TorchScriptFacts:
 
 BACKEND = Backend(
     name="torchscript", module="torch",
-    runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
-    unavailable=lambda facts: module_missing("torch"), threads=_threads, facts=TorchScriptFacts,
+    runner="rlopt.backends.torchscript.runner:open_torchscript",
+    stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",),
+    unavailable=_unavailable, threads=_threads, facts=TorchScriptFacts, config=TorchScriptConfig,
     distributions=(("torch", ("torch",)),),
     triton=TritonModel(platform="pytorch_libtorch", filename="model.pt",
                        note="Triton's PyTorch backend matches tensors by position: <name>__<index>.",
                        rules="rlopt.backends.torchscript.triton:positional_names"),
-    stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",),
     refit="rlopt.backends.torchscript.refit:refit_artifact", one_thread=_one_thread)

@@ -70,6 +70,7 @@ class TvmFacts(ArtifactFacts):
         """Fused kernels, tuning and threads, and what serves the shapes without a library of their own (and why
         padding does not, where it does not)."""
         lines = [f"fused kernels {', '.join(self.fused_kernels)}"] if self.fused_kernels else []
+        lines += super().summary()
         if self.tuning_summary:
             lines.append(f"{self.tuning_summary}, {self.num_threads} thread(s), target {self.target}")
         serving = self.serving_variant()
