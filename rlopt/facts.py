@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlopt.files import FileRecord
 from rlopt.parity import OutputParity
 
-FileRef = FileRecord  # a file listed inside facts (TVM's per-shape libraries): checked like any artifact
 OTHER = "other"  # a route's pseudo-shape: every shape without a named point of its own
 
 
@@ -239,5 +238,5 @@ class NetworkFacts(Facts):
     rollout_reference: dict[str, Any] | None = Field(None, description="what of the rollout joined reference.npz")
 
 
-__all__ = ["OTHER", "ArtifactFacts", "AutoChoiceFacts", "ExportFacts", "Facts", "FileRef", "GpuIdentity", "ModelSourceFacts",
+__all__ = ["OTHER", "ArtifactFacts", "AutoChoiceFacts", "ExportFacts", "Facts", "GpuIdentity", "ModelSourceFacts",
            "NetworkFacts", "PadGemmFacts", "ParityGate", "PrecisionFacts", "RoutePlan", "ScriptFacts", "VariantParity"]

@@ -91,7 +91,7 @@ class Engine:
         except BackendUnavailable as exc:
             self._finish(ctx, label, "skipped", start, str(exc), outcome)
             raise
-        except Exception:
+        except Exception:  # recorded as the stage's error row, then raised as it is (rlopt.errors: whose fault decides)
             self._finish(ctx, label, "error", start, "", outcome)
             raise
         ctx.outputs[label] = out

@@ -37,11 +37,10 @@ class OnnxRuntimeThreads:
     def choose(self, alone: Table, together: Table | None, artifact_bytes: int) -> TunedRoute | None:
         """Each shape label takes the faster configuration as measured (one thread on an exact tie); the session's
         own configuration is the one at OTHER (the shapes without a point of their own), else the one most labels
-        take, and the labels that differ get a session of their own. The bench judges every shape against the faster
-        of the two; one configuration per network traded shapes against each other (sb3-ppo-cartpole's value net,
-        level at 1x4 and 64x4 and 1.13x faster pooled at 256x4, stayed on one thread whenever the pool cost a little
-        at 1x4). A graph too large to open twice keeps one configuration: the pool when one thread's worst shape is
-        over NOISE and over NOISE worse than the pool's worst, else one thread."""
+        take, and the labels that differ get a session of their own: the bench judges every shape against the faster
+        of the two, and one configuration per network would trade a shape's loss against another's gain. A graph
+        too large to open twice keeps one configuration: the pool when one thread's worst shape is over NOISE and
+        over NOISE worse than the pool's worst, else one thread."""
         if ONE_THREAD not in alone or POOL not in alone:
             return None
         one, pool = alone[ONE_THREAD], alone[POOL]

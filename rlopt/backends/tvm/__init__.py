@@ -34,8 +34,8 @@ def _threads(facts: TvmFacts) -> int | str:
 def _stall_floor(facts: TvmFacts) -> dict[str, float]:
     """One thread's compile-time latency per tuned shape, where the build chose a pool spanning every usable core:
     TVM's fork-join gives each thread one fixed chunk, so with no core to spare, a call whose other core is busy
-    runs at about one thread's speed (docs/benchmarks.md, "The stall"; the ppo-mlp actor at 256x17: 63 us with the
-    pool at compile, 94-113 us in three bench runs, 100 us on one thread)."""
+    runs at about one thread's speed, so a pool's latency under load is floored at its one-thread figure
+    (docs/benchmarks.md, "The stall")."""
     threads = facts.num_threads or 1  # the build's choice: TVM_NUM_THREADS in a compiling process may be another
     if threads <= 1 or threads < usable_cores():  # network's, set when its runner opened
         return {}

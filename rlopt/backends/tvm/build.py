@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from rlopt.errors import BackendUnavailable, StageError, located
+from rlopt.errors import BackendUnavailable, RecipeError, StageError, located
 from rlopt.lazy import require
 from rlopt.arrays import shape_label
 from rlopt.backends.tvm.config import TvmConfig
@@ -46,7 +46,8 @@ def target_slug(target: dict[str, Any]) -> str:
     return target_key(target)
 
 
-def _first_line(exc: BaseException) -> str:
+def _error_line(exc: BaseException) -> str:
+    """The line that says what went wrong: TVM's errors put its C++ backtrace first and the error itself last."""
     text = str(exc).strip()
     return text.splitlines()[-1] if text else type(exc).__name__
 
@@ -57,7 +58,7 @@ def _compile(mod: Any, target: Any, out_path: Path, recipe_path: Path, network: 
         tvm.compile(mod, target).export_library(str(out_path))
     except Exception as exc:  # the TVM compiler raises many error types
         raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot compile the ONNX model: "
-                                 f"{_first_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
+                                 f"{_error_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
                                  "or drop tvm from backends")) from None
 
 
@@ -69,7 +70,7 @@ def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe
         raise
     except Exception as exc:  # the TVM frontend raises many error types
         raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot import the ONNX model: "
-                                 f"{_first_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
+                                 f"{_error_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
                                  "or drop tvm from backends")) from None
 
 
@@ -208,8 +209,8 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     try:
         target_dict = resolve_target(config.target)
         target = tvm.target.Target(target_dict)
-    except Exception as exc:  # tvm raises its own error types for a bad target dict
-        raise StageError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
+    except Exception as exc:  # tvm raises its own error types for a bad target dict: the recipe's, exit 2
+        raise RecipeError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
                                  "give a TVM JSON target dict such as {kind: llvm, mcpu: znver4}")) from None
     model = onnx.load(str(onnx_path))
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target

@@ -102,8 +102,8 @@ def build_tvm_cuda(onnx_path: Path, config: TvmConfig, out_dir: Path, *, precisi
     target_dict.setdefault("host", {"kind": "llvm"})
     try:
         target = tvm.target.Target(target_dict)
-    except Exception as exc:  # tvm raises its own error types for a bad target dict
-        raise StageError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
+    except Exception as exc:  # tvm raises its own error types for a bad target dict: the recipe's, exit 2
+        raise RecipeError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
                                  "give a TVM JSON target dict such as {kind: cuda, arch: sm_86}")) from None
     try:
         mod = from_onnx(model, keep_params_in_input=False)

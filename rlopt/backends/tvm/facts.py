@@ -6,7 +6,8 @@ from typing import Any
 
 from pydantic import Field
 
-from rlopt.facts import ArtifactFacts, Facts, FileRef
+from rlopt.facts import ArtifactFacts, Facts
+from rlopt.files import FileRecord
 
 ShapeKey = tuple[tuple[int, ...], ...]
 OTHER_SHAPES = {"padded": "zero-padded into the smallest bigger tuned library", "dynamic": "the dynamic library"}
@@ -22,7 +23,7 @@ class ShapeBuild(Facts):
     untuned_kernels: list[str] = Field(default_factory=list)
     ifs_folded: int = 0
     param_names: list[str] = Field(default_factory=list, description="the weights its main takes, in order")
-    file: FileRef | None = Field(None, description="the library, next to the dynamic one")
+    file: FileRecord | None = Field(None, description="the library, next to the dynamic one")
 
     def key(self, input_names: list[str]) -> ShapeKey:
         """The input shapes in input order: how the runner and `auto` key a shape."""
@@ -32,7 +33,7 @@ class ShapeBuild(Facts):
 class TvmParams(Facts):
     """The weights the libraries take as parameters: what refit rewrites instead of rebuilding."""
 
-    file: FileRef = Field(description="the params file (.npz keyed by initializer name), next to the libraries")
+    file: FileRecord = Field(description="the params file (.npz keyed by initializer name), next to the libraries")
     onnx: str = Field(description="the ONNX file the libraries were built from (model.onnx or model.padded.onnx)")
     padded: bool = Field(False, description="built from the pad_gemm copy: refit reads the padded graph")
     names: list[str] = Field(default_factory=list, description="initializer names in the file, in order")
@@ -98,15 +99,15 @@ class TvmFacts(ArtifactFacts):
         plan = padding_plan(self.shape_builds, list(self.shape_builds[0].shapes))
         return "padded" if self.gate_passed("padded") and plan is not None and plan.covers_range else "dynamic"
 
-    def bucket_files(self) -> list[FileRef]:
+    def bucket_files(self) -> list[FileRecord]:
         """The per-shape libraries that travel with the dynamic one."""
         return [build.file for build in self.shape_builds if build.file is not None]
 
-    def companion_files(self) -> list[FileRef]:
+    def companion_files(self) -> list[FileRecord]:
         """Everything loaded with the dynamic library: per-shape libraries and the params file."""
         return self.bucket_files() + ([self.params.file] if self.params is not None else [])
 
-    def files_serving(self, point: str) -> list[FileRef] | None:
+    def files_serving(self, point: str) -> list[FileRecord] | None:
         """A point with its own tuned library runs that library on the params file; the dynamic one is not called."""
         build = next((b for b in self.shape_builds if point in b.points and b.file is not None), None)
         if build is None or build.file is None:

@@ -218,11 +218,10 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
                      ) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, str]]:
     """Warm every runner, then rounds of one block per runner (order shuffled each round) for `budget_s`; ns samples.
 
-    Shuffled, not rotated: a rotation keeps each runner's predecessor fixed, and on 2 cores the predecessor's
-    cache and pool state biased the next runner (two identical TVM sessions: 390 vs 234 us at the default
-    policy's max shape when rotated, 223 vs 220 us shuffled). `seed` fixes the order; runs meant to be independent
-    need seeds of their own (one seed for every run repeated each round's order, and with it each candidate's
-    predecessors: the identical refitted and fresh ONNX Runtime files read 1.06-1.11x apart in 5 of 6 runs).
+    Shuffled, not rotated: a rotation keeps each runner's predecessor fixed, and the predecessor's cache and
+    thread-pool state bias the next runner, so two identical sessions read apart. `seed` fixes the order; runs
+    meant to be independent need seeds of their own, or they repeat each round's order and with it each
+    candidate's predecessors.
 
     Rounds go on until the budget is spent, at least `min_rounds` and at most `max_rounds`. A block is
     BLOCK_CALLS back-to-back calls, its first untimed (it absorbs the wake-up and the previous candidate's
@@ -250,7 +249,7 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
         for name in [live[i] for i in order.permutation(len(live))]:
             try:
                 samples[name].append(np.asarray(runners[name].block(timed), dtype=np.int64))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 -- a candidate failing mid-run is dropped with its reason, as at warm-up
                 fail(name, exc)
         live = [name for name in live if name not in failures]
         rounds += 1
