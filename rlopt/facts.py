@@ -130,6 +130,11 @@ class ArtifactFacts(Facts):
         artifact itself serves every shape (TVM: its padded or dynamic library)."""
         return None
 
+    def route_detail(self, label: str) -> str:
+        """How the artifact runs at shape label `label` once a route's options are applied, beyond its backend's name
+        ('' when nothing more): what `rlopt diff` names a route by."""
+        return ""
+
     def gate_passed(self, variant: str) -> bool:
         """Whether compile's parity gate passed `variant` (variant_parity.<variant>.passed)."""
         verdict = self.variant_parity.get(variant)

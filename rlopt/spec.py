@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rlopt.arrays import shape_label
+from rlopt.ci_config import CiConfig
 from rlopt.facts import ParityGate
 from rlopt.parity import Tolerance
 
@@ -299,6 +300,7 @@ class RecipeSpec(Strict):
     # A warmup profile (contract section 6, path relative to the recipe) whose request shapes are built,
     # verified and tuned like `networks.<n>.shapes` of the network it names.
     warmup_profile: str | None = None
+    ci: CiConfig = Field(default_factory=CiConfig)  # `rlopt diff` thresholds (contract section 15)
 
     @field_validator("networks")
     @classmethod

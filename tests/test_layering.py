@@ -17,8 +17,8 @@ COMPILE_CODE = ("rlopt.compile", "rlopt.stages", "rlopt.backends.tvm.tuning", "r
 # artifacts: bench, warmup, diff, serve) both stand on the runtime. Every package of rlopt is in exactly one layer.
 LAYERS: list[tuple[int, str, set[str]]] = [
     (0, "foundation", {"errors", "lazy", "machine", "timing", "yaml_file", "locking", "logs", "files", "arrays",
-                       "facts", "parity", "onnx_graph", "onnx_session", "pbtxt", "tools"}),  # `tools`: the bare namespace
-    (1, "spec", {"spec", "user_model", "sb3"}),
+                       "facts", "parity", "drift", "onnx_graph", "onnx_session", "pbtxt", "tools"}),  # `tools`: the bare namespace
+    (1, "spec", {"spec", "ci_config", "user_model", "sb3"}),
     (2, "stages", {"stages", "reference"}),
     (3, "backends", {"backends"}),
     (4, "records", {"recipe", "manifest", "manifest_v1", "warmup_profile"}),

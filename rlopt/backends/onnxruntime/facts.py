@@ -33,6 +33,12 @@ class OnnxRuntimeFacts(ArtifactFacts):
     def session_providers(self) -> list[str]:
         return list(self.providers or [CPU_PROVIDER])
 
+    def route_detail(self, label: str) -> str:
+        """Its intra-op threads at `label` ('1 thread', 'N threads', 'pool') and whether the pool spins."""
+        threads = self.shape_threads.get(label, self.intra_op_threads or 0)
+        text = "1 thread" if threads == 1 else f"{threads} threads" if threads else "pool"
+        return text + (", not spinning" if self.allow_spinning is False else "")
+
     @property
     def provider_options(self) -> dict[str, dict[str, str]]:
         """Per provider, the options the session opens it with: the CUDA provider's use_tf32 as the build chose."""
