@@ -46,3 +46,11 @@ def test_no_generic_module_names_a_backend() -> None:
 def test_the_scan_finds_a_name_compare_and_a_section_read() -> None:
     source = 'if backend == "tvm":\n    x = recipe.tensorrt\ny = "tvm thread"\n'
     assert backend_names(source, {"tvm", "tensorrt"}) == [(1, "tvm"), (2, "tensorrt")]
+
+
+def test_a_backend_added_on_the_interface_lives_in_its_package_and_the_registry_line() -> None:
+    """OpenVINO was added on the Backend interface alone: outside its package only the registry imports it."""
+    elsewhere = sorted(f"rlopt/{path.relative_to(ROOT).as_posix()}" for path in ROOT.rglob("*.py")
+                       if "openvino" in path.read_text().lower()
+                       and not path.relative_to(ROOT).as_posix().startswith("backends/openvino/"))
+    assert elsewhere == ["rlopt/backends/__init__.py"]

@@ -30,7 +30,7 @@ class TritonModel:
     """How Triton Inference Server serves a backend's artifact (model_config.proto).
 
     `platform` names Triton's platform (onnxruntime_onnx, pytorch_libtorch, tensorrt_plan), or `backend` a Triton
-    backend that has no platform (openvino); `filename` is the artifact's name in the version folder (its companion
+    backend that has no platform (Triton's own name for it); `filename` is the artifact's name in the version folder (its companion
     files, `ArtifactFacts.companion_files`, keep their own names beside it); `note` one comment line for
     config.pbtxt; `rules` the "module:function" path of a function (config, profiles) -> config that adds what this
     Triton backend needs beyond the generic config (rlopt.compile.triton.model_config: a dict, rlopt.pbtxt.Enum for
