@@ -193,23 +193,53 @@ class PrecisionFacts(Facts):
 
 class AutoChoiceFacts(Facts):
     """Why `auto` runs the route it runs: median latency per shape label ('other': shapes without a point of their
-    own) of each candidate backend, measured in interleaved rounds in the two configurations a session can run."""
+    own) of each candidate backend, measured in interleaved rounds in the two configurations a session can run, in
+    passes until the route they decide stops changing; and when, on how many cores and under which load."""
 
     mixed: bool = False
     reason: str = ""
     rounds: int = 0
+    measured_at: str | None = Field(None, description="when the routes were measured (UTC, ISO 8601)")
+    cores: int | None = Field(None, description="the cores the measuring process could use")
+    load_average: list[float] | None = Field(None, description="the machine's 1/5/15-minute load average then")
+    passes: int = Field(0, description="measuring passes taken (each: interleaved rounds of every configuration)")
+    stable: bool | None = Field(None, description="whether the last pass left the route as the passes before it "
+                                                  "decided (False: the route of every kept pass pooled, flagged)")
     other_load_cores: list[float | None] = Field(
-        default_factory=list, description="per measurement, the cores other processes held meanwhile (None: unknown); "
-                                          "the one used last")
+        default_factory=list, description="per pass, in order, the cores other processes (or the hypervisor) held "
+                                          "meanwhile (None: unknown); passes far more loaded than the least loaded "
+                                          "one are not pooled")
+    aa_noise: dict[str, float] = Field(
+        default_factory=dict, description="shape -> max(A/A, 1 / A/A) of one configuration timed twice: how much "
+                                          "faster another must be to take that shape")
     alone_us: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="candidate -> shape -> us, every shape alone, pools as when alone (a "
                                           "backend's other configurations: '<backend> <configuration>')")
     together_us: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="candidate -> shape -> us, all candidates in one process, each configured "
                                           "as a mixed route opens it")
+    cpu_us: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="configuration computing on the calling thread alone -> shape -> its CPU "
+                                          "time per call, us (other processes' load does not move it)")
     stall_floor_us: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="backend -> shape -> us no figure was counted below: a stalled pool's cost "
-                                          "(TVM: one thread's, where its pool spans every core)")
+        default_factory=dict, description="read from MODEL_DIRs whose `auto` counted a TVM pool at one thread's "
+                                          "latency; a route now runs TVM on one thread (not written)")
+
+    def measured_line(self) -> str:
+        """When and under which load the routes were measured, in one line ('' where the manifest does not say)."""
+        if self.measured_at is None:
+            return ""
+        loads = [x for x in self.other_load_cores if x is not None]
+        parts = [f"measured {self.measured_at}" + (f" on {self.cores} cores" if self.cores else "")]
+        if loads:
+            parts.append(f"other processes held {min(loads):.2f}-{max(loads):.2f} cores")
+        if self.load_average:
+            parts.append("load average " + " ".join(f"{x:g}" for x in self.load_average))
+        if self.passes:
+            parts.append(f"{self.passes} passes, " + ("stable" if self.stable else "not stable"))
+        if self.aa_noise:
+            parts.append(f"A/A noise up to {max(self.aa_noise.values()):.2f}x")
+        return ", ".join(parts)
 
 
 class RoutePlan(Facts):
@@ -228,6 +258,13 @@ class RoutePlan(Facts):
         return set(self.routes.values())
 
 
+class AutoStageFacts(Facts):
+    """What the `auto` stage outputs (and the stage cache keeps): the route and the backend at the opt shape."""
+
+    route: RoutePlan
+    selected: str | None = None
+
+
 class NetworkFacts(Facts):
     """Per-network results that belong to no single backend (manifest networks.<n>.facts)."""
 
@@ -244,5 +281,5 @@ class NetworkFacts(Facts):
     rollout_reference: dict[str, Any] | None = Field(None, description="what of the rollout joined reference.npz")
 
 
-__all__ = ["OTHER", "ArtifactFacts", "AutoChoiceFacts", "ExportFacts", "Facts", "GpuIdentity", "ModelSourceFacts",
+__all__ = ["OTHER", "ArtifactFacts", "AutoChoiceFacts", "AutoStageFacts", "ExportFacts", "Facts", "GpuIdentity", "ModelSourceFacts",
            "NetworkFacts", "PadGemmFacts", "ParityGate", "PrecisionFacts", "RoutePlan", "ScriptFacts", "VariantParity"]

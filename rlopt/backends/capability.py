@@ -19,6 +19,12 @@ from rlopt.facts import ArtifactFacts
 Table = Mapping[str, Mapping[str, float]]  # candidate -> shape label -> median latency in us
 
 
+def clearly_faster(challenger: float, holder: float, margin: float) -> bool:
+    """Whether `challenger` beats `holder` by more than `margin` (challenger x (1 + margin) < holder): how `auto`
+    lets one configuration or backend replace another at a shape, so timing noise alone never does."""
+    return challenger * (1 + margin) < holder
+
+
 def load_path(path: str) -> Any:
     """The attribute a "module:attribute" path names (its module imported now)."""
     module, attribute = path.split(":")
@@ -56,6 +62,7 @@ class TunedRoute:
     together: Mapping[str, float] | None
     options: Callable[[Collection[str]], dict[str, Any]]
     why: str = ""
+    configurations: Mapping[str, str] = field(default_factory=dict)  # label -> the configuration chosen there
 
 
 class AutoTuning(Protocol):
@@ -66,9 +73,12 @@ class AutoTuning(Protocol):
         """The configurations to time besides the artifact's own: name -> facts update (none: {})."""
         ...
 
-    def choose(self, alone: Table, together: Table | None, artifact_bytes: int) -> TunedRoute | None:
+    def choose(self, alone: Table, together: Table | None, artifact_bytes: int,
+               margins: Mapping[str, float] | None = None) -> TunedRoute | None:
         """Per shape label, one configuration: `alone` / `together` map each configuration ('' for the artifact's
-        own, else a `variants` name) to its latency per label; None: keep the artifact's own everywhere."""
+        own, else a `variants` name) to its latency per label; `margins[label]`: how much faster another
+        configuration must be to replace the artifact's own (the measurement's noise); None: keep the artifact's own
+        everywhere."""
         ...
 
 
@@ -103,8 +113,11 @@ class Backend:
     - `mixed_options`: the facts update it is opened with in an `auto` route that mixes backends (ONNX Runtime: its
       pool does not spin); `timed_apart`: `auto` times it alone in a process of its own (a spinning pool beside other
       backends' idle pools reads slower than a session routed to it alone runs it); `auto`: "module:attribute" of its
-      AutoTuning (configurations `auto` chooses between per shape); `stall_floor(facts)`: per shape label, the latency
-      a call falls back to when its thread pool stalls (`auto` counts it at no less).
+      AutoTuning (configurations `auto` chooses between per shape); `pool_stalls`: its pool's fork-join waits for a
+      fixed chunk per worker, so a call stalls while another process holds a worker's core: `auto` times and routes it
+      only as `one_thread` opens it (required with it), which cannot stall; `holds_ties`: `auto` keeps every shape
+      on it unless another backend is clearly faster there (ONNX Runtime: the peer users compare against, whose pool
+      degrades to one thread's speed on a busy core instead of stalling).
     - `upgrade_v1_facts(network facts)`: its own keys of a schema 1 manifest's network facts, moved into the current
       layout (removed from the dict, returned as `RoutePlan.options` of this backend).
     """
@@ -128,7 +141,8 @@ class Backend:
     mixed_options: Mapping[str, Any] = field(default_factory=dict)
     timed_apart: bool = False
     auto: str | None = None
-    stall_floor: Callable[[Any], dict[str, float]] | None = None
+    pool_stalls: bool = False
+    holds_ties: bool = False
     upgrade_v1_facts: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def runner_class(self) -> Any:
@@ -140,5 +154,15 @@ class Backend:
     def auto_tuning(self) -> AutoTuning | None:
         return load_path(self.auto) if self.auto else None  # type: ignore[no-any-return]
 
+    def route_update(self, facts: Any) -> dict[str, Any]:
+        """The facts update an `auto` route opens it with whatever else the route decides: its `one_thread`
+        configuration where its pool stalls (only the keys that change), else none."""
+        if not self.pool_stalls or self.one_thread is None:
+            return {}
+        current = facts.as_dict() if isinstance(facts, ArtifactFacts) else dict(facts)
+        single = self.one_thread(facts)
+        changed = single.as_dict() if isinstance(single, ArtifactFacts) else dict(single)
+        return {key: value for key, value in changed.items() if current.get(key) != value}
 
-__all__ = ["AutoTuning", "Backend", "Table", "TritonModel", "TunedRoute", "load_path"]
+
+__all__ = ["AutoTuning", "Backend", "Table", "TritonModel", "TunedRoute", "clearly_faster", "load_path"]

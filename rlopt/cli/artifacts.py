@@ -61,6 +61,10 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
                 stdout.print(f"  auto opens {backend} with {options}", markup=False)
             if route.choice is not None and route.choice.reason:
                 stdout.print(f"  auto chosen: {route.choice.reason}", markup=False)
+            if route.choice is not None and route.choice.measured_line():
+                reused = any(s.get("stage") == "auto" and s.get("cache") == "hit" for s in network.stages)
+                stdout.print(f"  auto {route.choice.measured_line()}"
+                             + ("; reused from the stage cache" if reused else ""), markup=False)
         for backend, record in network.artifacts.items():
             for line in record.facts.summary():
                 stdout.print(f"  {backend}: {line}", markup=False)

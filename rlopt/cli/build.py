@@ -17,6 +17,8 @@ def compile_command(
     backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends (repeatable).")] = None,
     tune_trials: Annotated[Optional[int], typer.Option("--tune-trials", help="MetaSchedule trials (0 = untuned).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not use the stage cache.")] = False,
+    retime: Annotated[bool, typer.Option("--retime", help="Measure auto's routes again (a warm re-compile reuses "
+                                         "the cached ones).")] = False,
     vecnormalize: Annotated[Optional[Path], typer.Option("--vecnormalize", help="SB3 agent: VecNormalize .pkl.")] = None,
     env: Annotated[Optional[str], typer.Option("--env", help="SB3 agent: gymnasium id for rollout checks.")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Then diff against this MODEL_DIR (the last "
@@ -59,7 +61,7 @@ def compile_command(
     with native_output_to_log("compile") as log, ProgressReporter() as reporter, \
             (stdout_kept_for_json() if json_out else contextlib.nullcontext()):
         options: dict[str, Any] = {"backends": backend, "overrides": _tuning(tune_trials), "reporter": reporter,
-                                   "cache": StageCache(enabled=not no_cache)}
+                                   "cache": StageCache(enabled=not no_cache), "retime": retime}
         result = (compile_agent(recipe, output, vecnormalize=vecnormalize, env=env, **options) if agent
                   else compile_recipe(recipe, output, **options))
     document = {"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,

@@ -1,42 +1,38 @@
 """`auto`'s route: which verified backend serves which shape, chosen from latencies measured in the configurations
 a session can run, and how each backend of the route opens (the `auto` stage).
 
-Every candidate is timed alone (a backend declared `timed_apart` in a worker process of its own) and all together,
-each as a mixed route opens it (`Backend.mixed_options`); a backend with configurations of its own (`Backend.auto`:
-ONNX Runtime's threads) has each timed and picks one per shape. The choice rule is `rlopt.runtime.routes.choose_route`;
-the result is the network's `RoutePlan`, which the runtime loads as recorded (`rlopt.runtime.recorded_plan`).
+Every candidate is timed as every route opens it (`Backend.route_update`: TVM on its calling thread, whose pool would
+stall beside a busy core), alone and all together, in passes until the route stops changing (`route_passes.py`); a
+backend with configurations of its own (`Backend.auto`: ONNX Runtime's threads) has each timed and picks one per
+shape. The choice rule is `rlopt.runtime.routes.choose_route`: another backend or configuration takes a shape only
+when clearly faster (by the A/A noise, at least 5%), a one-thread challenger also in CPU time per call, so a busy
+build machine does not move a shape. The stage is cached with the artifacts' hashes, this CPU and its usable cores
+(a warm re-compile reuses the route; `rlopt compile --retime` measures again); the result is the network's
+`RoutePlan`, which the runtime loads as recorded (`rlopt.runtime.recorded_plan`).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
-from rlopt.backends import BACKENDS, Runner, facts_of, unavailable_reason
+from rlopt.backends import BACKENDS, facts_of, stage_versions, unavailable_reason
 from rlopt.backends.capability import TunedRoute
-from rlopt.compile.rounds import (ROUNDS, Cells, Subjects, fresh_process_medians, interleaved_medians,
-                                  open_subject, subject_cells)
+from rlopt.compile.route_passes import (CONTENDED, Pass, Variants, aa_noise, measure_configurations, pooled,
+                                        subject_key, until_stable)
 from rlopt.errors import BackendUnavailable, first_line
-from rlopt.facts import AutoChoiceFacts, RoutePlan
-from rlopt.machine import OtherLoad, usable_cores
+from rlopt.facts import AutoChoiceFacts, AutoStageFacts, RoutePlan
+from rlopt.machine import load_average, usable_cores
 from rlopt.manifest import NetworkRecord, shape_label
 from rlopt.reference import Reference
 from rlopt.runtime import ranked_backends, unbucketed_p50
-from rlopt.runtime.routes import OTHER, Table, choose_route
-from rlopt.stages.base import Context, Stage, StageOutput
+from rlopt.runtime.routes import NOISE, OTHER, Table, choose_route
+from rlopt.stages.base import Context, Stage, StageOutput, package_digest
 
 OUTCLASSED = 2.0  # a candidate this many times slower than another at every named shape is not timed
-CONTENDED = 0.25  # cores' worth of other processes' CPU (or hypervisor steal) that makes a measurement unfair
-TRIES = 2  # measurements at most: a burst of other work gets one more; load through both is the machine's state
-PROBE_S = 0.1  # how long the load is looked at again before a retry
-Variants = dict[str, dict[str, dict[str, Any]]]  # backend -> configuration name -> facts update
-
-
-def subject_key(backend: str, configuration: str = "") -> str:
-    """How the tables name a backend's configuration: '<backend> <configuration>' ('<backend>' for its own)."""
-    return f"{backend} {configuration}" if configuration else backend
 
 
 def named_shapes(record: NetworkRecord, reference: Reference) -> dict[str, str]:
@@ -54,104 +50,9 @@ def has_other_shapes(record: NetworkRecord, named: int) -> bool:
     return count > named
 
 
-def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
-                           estimates_us: Table | None = None,
-                           variants: Variants | None = None) -> tuple[Table, Table, int]:
-    """`alone[k]` (each subject's pools as when alone) and `together[k]` (every subject open in this process, each
-    as a mixed route opens it, cells interleaved; empty with one candidate and no other configuration timed here):
-    median us per shape label; and the rounds done (the fewer of the two measurements). Subjects are the candidates
-    and each of their `variants` (keyed `subject_key`).
-
-    A backend `timed_apart` is timed alone in a fresh process that opens nothing else, as a session routed to it
-    alone runs it: ONNX Runtime's spinning pool timed in this process shared the cores with the idle pools of the
-    other candidates and sessions (the default policy at 8x16x768 on znver2: 1173 us here against 486-696 us in
-    processes of its own)."""
-    subjects: Subjects = {}
-    for backend in candidates:
-        facts = record.artifacts[backend].facts.as_dict()
-        subjects[backend] = (backend, facts)
-        for name, update in (variants or {}).get(backend, {}).items():
-            subjects[subject_key(backend, name)] = (backend, {**facts, **update})
-    fresh = {k: v for k, v in subjects.items() if BACKENDS[v[0]].timed_apart}
-    here = {k: v for k, v in subjects.items() if k not in fresh}
-    alone_fresh, rounds_fresh = fresh_process_medians(ctx.staging, record, fresh, labels, estimates_us) \
-        if fresh else ({}, ROUNDS)
-    if len(candidates) == 1 and not here:  # one backend's configurations are the only question: nothing to mix
-        return alone_fresh, {}, rounds_fresh
-    opened: list[Runner] = []
-    try:
-        together: dict[str, Runner] = {}
-        for key, (backend, facts) in subjects.items():
-            opened.append(open_subject(ctx.staging, record, backend, {**facts, **BACKENDS[backend].mixed_options}))
-            together[key] = opened[-1]
-
-        def cells_of(k: str) -> Cells:  # a Session of its own for each configuration, as the runtime opens them
-            return subject_cells(k, together[k], subjects[k][0], record, ctx.reference, labels)
-
-        configurations: dict[str, Cells] = {f"alone {k}": cells_of(k) for k in here}
-        configurations["together"] = {cell: call for k in subjects for cell, call in cells_of(k).items()}
-        medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
-    finally:
-        for runner in opened:
-            runner.close()
-    alone_us = {k: alone_fresh[k] if k in fresh else
-                {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}
-    together_us = {k: {label: round(medians["together"][k, label], 2) for label in labels} for k in subjects}
-    return alone_us, together_us, min(rounds, rounds_fresh)
-
-
-Measured = tuple[Table, Table, int]
-
-
 def contended(cores: float | None) -> bool:
     """Whether other processes held CONTENDED cores or more (unknown load is not contention)."""
     return cores is not None and cores >= CONTENDED
-
-
-def fair_measurement(measure: Callable[[], Measured],
-                     watch: Callable[[], OtherLoad] = OtherLoad) -> tuple[Table, Table, int, list[float | None]]:
-    """`measure`'s tables from a run that other processes left alone: while they (or the hypervisor) held
-    CONTENDED cores or more, a pool of several threads stalls (ONNX Runtime's default pool has timed at over 3x its
-    quiet latency so, enough to send `auto` to one thread) and the run is done again, up to TRIES runs, unless the
-    load is still there PROBE_S later. The least loaded run is kept; the load of each run
-    (cores, None where the platform cannot tell), in order, least loaded last."""
-    runs: list[tuple[float | None, Measured]] = []
-    for attempt in range(TRIES):
-        with watch() as load:
-            measured = measure()
-        runs.append((load.cores, measured))
-        if not contended(load.cores) or attempt == TRIES - 1:
-            break
-        with watch() as now:  # a load that is still there is the machine's state, not a burst: no retry
-            time.sleep(PROBE_S)
-        if contended(now.cores):
-            break
-    kept = min(runs, key=lambda run: run[0] or 0.0)
-    cores = [None if c is None else round(c, 3) for c, m in runs if m is not kept[1]]
-    return (*kept[1], [*cores, None if kept[0] is None else round(kept[0], 3)])
-
-
-def stall_floors(record: NetworkRecord, backends: list[str]) -> Table:
-    """Per backend with a `stall_floor` hook: the latency per shape label its calls fall back to when its pool
-    stalls (rlopt.backends.capability.Backend). `backends` are runnable here, so each is in the registry."""
-    floors: Table = {}
-    for backend in backends:
-        hook = BACKENDS[backend].stall_floor
-        if hook is not None:
-            floors[backend] = hook(facts_of(backend, record.artifacts[backend].facts))
-    return {b: f for b, f in floors.items() if f}
-
-
-def at_least(table: Table, floors: Table) -> tuple[Table, list[str]]:
-    """`table` with each figure raised to its floor, and what was raised ("tvm 256x17 99.9 us")."""
-    raised: list[str] = []
-    out = {b: dict(row) for b, row in table.items()}
-    for backend, floor in floors.items():
-        for label, us in floor.items():
-            if label in out.get(backend, {}) and out[backend][label] < us:
-                out[backend][label] = us
-                raised.append(f"{backend} {label} {us:g} us")
-    return out, raised
 
 
 def outclassed(recorded: Table, backend: str, named: dict[str, str]) -> bool:
@@ -162,8 +63,26 @@ def outclassed(recorded: Table, backend: str, named: dict[str, str]) -> bool:
         for label in named) for other in recorded)
 
 
-def tune_backends(record: NetworkRecord, variants: Variants, alone: Table,
-                  together: Table | None) -> tuple[dict[str, TunedRoute], Table, Table | None]:
+def margins_of(noise: Mapping[str, float]) -> dict[str, float]:
+    """How much faster a configuration must be to take a shape: the A/A noise there, at least NOISE."""
+    return {label: max(NOISE, round(value - 1.0, 4)) for label, value in noise.items()}
+
+
+def one_thread_subjects(record: NetworkRecord, contenders: list[str], variants: Variants) -> dict[str, list[str]]:
+    """Per backend, the keys of its subjects that compute on the calling thread alone (its own as the route opens
+    it first, then its `variants`): their CPU time per call is what `choose_route` compares like with like."""
+    found: dict[str, list[str]] = {}
+    for backend in contenders:
+        facts = record.artifacts[backend].facts
+        base = {**facts.as_dict(), **BACKENDS[backend].route_update(facts)}
+        for name, update in {"": {}, **variants.get(backend, {})}.items():
+            if BACKENDS[backend].threads(facts_of(backend, {**base, **update})) == 1:
+                found.setdefault(backend, []).append(subject_key(backend, name))
+    return found
+
+
+def tune_backends(record: NetworkRecord, variants: Variants, alone: Table, together: Table | None,
+                  margins: Mapping[str, float] | None = None) -> tuple[dict[str, TunedRoute], Table, Table | None]:
     """Each backend with configurations of its own picks one per shape (`AutoTuning.choose`); the tables with its
     row as picked, for `choose_route` (its other configurations' rows stay, as measured)."""
     tuned: dict[str, TunedRoute] = {}
@@ -173,7 +92,8 @@ def tune_backends(record: NetworkRecord, variants: Variants, alone: Table,
         keys = {name: subject_key(backend, name) for name in ["", *names]}
         rows_alone = {name: alone[key] for name, key in keys.items() if key in alone}
         rows_together = {name: together[key] for name, key in keys.items() if key in together} if together else None
-        choice = tuning.choose(rows_alone, rows_together, record.artifacts[backend].bytes or 0) if tuning else None
+        choice = tuning.choose(rows_alone, rows_together, record.artifacts[backend].bytes or 0, margins) \
+            if tuning else None
         if choice is None:
             continue
         tuned[backend] = choice
@@ -183,14 +103,81 @@ def tune_backends(record: NetworkRecord, variants: Variants, alone: Table,
     return tuned, ranked_alone, ranked_together
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A route decided from one set of tables: equal when routes and options are (what passes must agree on)."""
+
+    routes: dict[str, str]
+    options: dict[str, dict[str, Any]]
+    mixed: bool = field(compare=False)
+    reason: str = field(compare=False)
+    selected: str = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Question:
+    """What `decide` needs besides the tables: the network, its candidates and their own configurations, the shape
+    labels timed (named ones and OTHER) and the label at opt, and why the mix cannot be measured (if so)."""
+
+    record: NetworkRecord
+    contenders: list[str]
+    variants: Variants
+    labels: dict[str, str]
+    named: dict[str, str]
+    at_opt: str
+    why: str = ""
+
+    def decide(self, measured: Pass) -> Decision:
+        """The route these tables give (`tune_backends`, then `choose_route`)."""
+        margins = margins_of(aa_noise(measured.alone))
+        variants = self.variants if not self.why else {}
+        tuned, alone, together = tune_backends(self.record, variants, measured.alone, measured.together or None,
+                                               margins)
+        single = one_thread_subjects(self.record, self.contenders, variants)
+        cpu = {backend: measured.cpu[keys[0]] for backend, keys in single.items() if keys[0] in measured.cpu}
+        pools = {backend: [label for label, name in tuned[backend].configurations.items()
+                           if subject_key(backend, name) not in single.get(backend, [])] for backend in tuned}
+        preferred = [b for b in self.contenders if BACKENDS[b].holds_ties]
+        reconfigured = frozenset(b for b in self.contenders if BACKENDS[b].mixed_options)
+        choice = choose_route(alone, together if not self.why else None, list(self.labels), self.contenders,
+                              self.why, reconfigured, margins, preferred, cpu, pools)
+        routes = {label: choice.per_point[label] for label in self.named}
+        routes[OTHER] = choice.per_point.get(OTHER, choice.per_point[self.at_opt])
+        options = ChooseAuto.options(routes, choice.mixed, tuned)
+        for backend in set(routes.values()):  # every route opens it so (as timed): TVM on its calling thread
+            update = BACKENDS[backend].route_update(self.record.artifacts[backend].facts)
+            if update:
+                options[backend] = {**update, **options.get(backend, {})}
+        tuning_why = "".join(f"; {tuned[b].why}" for b in tuned if b in routes.values() and tuned[b].why)
+        return Decision(routes, options, choice.mixed, choice.reason + tuning_why, choice.per_point[self.at_opt])
+
+
 class ChooseAuto(Stage):
     """`auto`'s route, from latencies measured in the configurations a session can run (`choose_route`); the
-    runtime loads exactly what is recorded (`rlopt.runtime.recorded_plan`)."""
+    runtime loads exactly what is recorded (`rlopt.runtime.recorded_plan`). Cached: the key holds every verified
+    artifact's identity and facts, the reference, this CPU (`machine_dependent`) and its usable cores."""
 
-    name = "auto"
+    name, cached, machine_dependent, facts_model = "auto", True, True, AutoStageFacts
+    helpers = ("rlopt.compile.route_passes", "rlopt.compile.rounds", "rlopt.runtime.routes",
+               "rlopt.backends.capability", "rlopt.machine")
 
     def __init__(self, record: NetworkRecord) -> None:
         self.record = record
+
+    def config(self, ctx: Context) -> Any:
+        verified = ranked_backends(self.record)
+        artifacts = {b: {"sha256": self.record.artifacts[b].sha256, "facts": self.record.artifacts[b].facts.as_dict(),
+                         "latency_us": {p: v.model_dump(mode="json")
+                                        for p, v in self.record.artifacts[b].latency_us.items()},
+                         "runner_code": package_digest(BACKENDS[b].runner.split(":")[0]),
+                         "versions": stage_versions(b)} for b in verified}
+        return {"artifacts": artifacts, "order": verified, "inputs": {n: p.model_dump(mode="json")
+                                                                      for n, p in self.record.inputs.items()},
+                "reference": self.record.reference.sha256 if self.record.reference else None,
+                "cores": usable_cores(), "runtime": package_digest("rlopt.runtime.session")}
+
+    def upstream(self, ctx: Context) -> dict[str, Any]:
+        return {}
 
     def run(self, ctx: Context) -> StageOutput:
         record = self.record
@@ -204,40 +191,43 @@ class ChooseAuto(Stage):
         for b in candidates:
             if OTHER in labels and math.isfinite(unbucketed_p50(b, record.artifacts[b])):
                 recorded[b][OTHER] = unbucketed_p50(b, record.artifacts[b])
-        alone: Table = recorded
-        together: Table | None = None
-        rounds = 0
         why = "; ".join(f"{b} cannot run here" for b in verified if b not in candidates)
         contenders = [b for b in candidates if not outclassed(recorded, b, named)]
         pruned = [b for b in candidates if b not in contenders]
         variants = self.variants(record, contenders)
-        load: list[float | None] = []
+        measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        question = Question(record, contenders, variants, labels, named, at_opt, why)
+        settled = None
         if (len(contenders) > 1 or variants) and not why:
             try:
-                alone, together, rounds, load = fair_measurement(
-                    lambda: measure_configurations(ctx, record, contenders, labels, recorded, variants))
+                settled = until_stable(lambda: measure_configurations(ctx, record, contenders, labels, recorded,
+                                                                      variants), question.decide)
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
-                why = f"measuring failed: {first_line(exc)}"
-        floors = stall_floors(record, contenders)  # a pool with no core to spare runs at one thread's speed
-        alone, floored = at_least(alone, floors)
-        together = at_least(together, floors)[0] if together else together
-        tuned, ranked_alone, ranked_together = tune_backends(record, variants if not why else {}, alone, together)
-        if load and contended(load[-1]):  # the tables stay recorded, the mix is not tried
-            why, ranked_together = f"other processes held {load[-1]:.2f} cores through {len(load)} measurements", None
-        reconfigured = frozenset(b for b in contenders if BACKENDS[b].mixed_options)
-        choice = choose_route(ranked_alone, ranked_together, list(labels), contenders, why, reconfigured)
-        routes = {label: choice.per_point[label] for label in named}
-        routes[OTHER] = choice.per_point.get(OTHER, choice.per_point[at_opt])
-        options = self.options(routes, choice.mixed, tuned)
-        tuning_why = "".join(f"; {tuned[b].why}" for b in tuned if b in routes.values() and tuned[b].why)
-        reason = choice.reason + tuning_why + (
-            f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)" if pruned else "") + (
-            f"; counted at one thread's speed (a stalled pool): {', '.join(floored)}" if floored else "")
-        measured = AutoChoiceFacts(mixed=choice.mixed, reason=reason, rounds=rounds, other_load_cores=load,
-                                   stall_floor_us=floors, alone_us={b: dict(t) for b, t in alone.items()},
-                                   together_us={b: dict(t) for b, t in (together or {}).items()})
-        return StageOutput(None, {"route": RoutePlan(routes=routes, options=options, choice=measured),
-                                  "selected": choice.per_point[at_opt]})
+                question = Question(record, contenders, variants, labels, named, at_opt,
+                                    f"measuring failed: {first_line(exc)}")
+        if settled is None or settled.decision is None:
+            tables = Pass(recorded, {}, {}, 0)
+            decision = question.decide(tables)
+        else:
+            decision, tables = settled.decision, pooled(settled.kept)
+        reason = decision.reason + (f"; not timed: {', '.join(pruned)} (over {OUTCLASSED:g}x slower everywhere)"
+                                    if pruned else "")
+        loads = [p.load for p in settled.passes] if settled else []
+        if settled is not None:
+            reason += (f"; {len(settled.passes)} passes, " + ("stable" if settled.stable else
+                       f"not stable after {len(settled.passes)} (the kept passes pooled)"))
+            if any(contended(load) for load in loads):
+                reason += f"; other processes held {max(x for x in loads if x is not None):.2f} cores at most"
+        one_thread = {k for keys in one_thread_subjects(record, contenders, variants).values() for k in keys}
+        cpu = {k: dict(v) for k, v in tables.cpu.items() if k in one_thread}
+        measured = AutoChoiceFacts(
+            mixed=decision.mixed, reason=reason, rounds=tables.rounds, measured_at=measured_at, cores=usable_cores(),
+            load_average=load_average(), passes=len(settled.passes) if settled else 0,
+            stable=settled.stable if settled else None, other_load_cores=loads, aa_noise=aa_noise(tables.alone),
+            alone_us={b: dict(t) for b, t in tables.alone.items()},
+            together_us={b: dict(t) for b, t in tables.together.items()}, cpu_us=cpu)
+        plan = RoutePlan(routes=decision.routes, options=decision.options, choice=measured)
+        return StageOutput(None, AutoStageFacts(route=plan, selected=decision.selected))
 
     @staticmethod
     def variants(record: NetworkRecord, contenders: list[str]) -> Variants:
@@ -265,10 +255,10 @@ class ChooseAuto(Stage):
         return options
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
-        choice = out.facts["route"].choice
+        choice = out.facts.route.choice
         return choice.reason if choice is not None else ""
 
 
-__all__ = ["CONTENDED", "OUTCLASSED", "TRIES", "ChooseAuto", "at_least", "contended", "fair_measurement",
-           "has_other_shapes", "measure_configurations", "named_shapes", "outclassed", "stall_floors", "subject_key",
-           "tune_backends"]
+
+__all__ = ["CONTENDED", "OUTCLASSED", "ChooseAuto", "Decision", "Question", "contended", "has_other_shapes",
+           "margins_of", "named_shapes", "one_thread_subjects", "outclassed", "subject_key", "tune_backends"]

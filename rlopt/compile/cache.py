@@ -77,11 +77,13 @@ class CacheHit:
 
 @dataclass
 class StageCache:
-    """A content-addressed folder of stage outputs. `enabled=False` makes every lookup a miss."""
+    """A content-addressed folder of stage outputs. `enabled=False` makes every lookup a miss; a stage named in
+    `refresh` is run again and its entry replaced (`rlopt compile --retime`: the `auto` stage measures again)."""
 
     root: Path = field(default_factory=cache_root)
     enabled: bool = True
     warnings: list[str] = field(default_factory=list)
+    refresh: frozenset[str] = frozenset()
 
     def _entry_dir(self, stage: str, key: str) -> Path:
         return self.root / stage / key[:32]
@@ -90,7 +92,7 @@ class StageCache:
         return self.root / "index" / re.sub(r"[^A-Za-z0-9_.-]+", "_", scope) / f"{stage}.json"
 
     def lookup(self, stage: str, components: dict[str, Any]) -> CacheHit | None:
-        if not self.enabled:
+        if not self.enabled or stage in self.refresh:
             return None
         entry = self._entry_dir(stage, cache_key(components))
         record_path = entry / ENTRY_NAME
@@ -117,7 +119,7 @@ class StageCache:
             return
         key = cache_key(components)
         entry = self._entry_dir(stage, key)
-        if (entry / ENTRY_NAME).is_file():
+        if (entry / ENTRY_NAME).is_file() and stage not in self.refresh:
             return
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = entry.parent / f".{entry.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
@@ -130,6 +132,10 @@ class StageCache:
                 "files": {name: sha256_file(staging / name) for name in files},
                 "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             })
+            if entry.exists():  # refreshed: the old entry goes once the new one is complete
+                old = entry.parent / f".{entry.name}.old-{os.getpid()}-{secrets.token_hex(3)}"
+                os.rename(entry, old)
+                shutil.rmtree(old, ignore_errors=True)
             os.rename(staging, entry)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)

@@ -15,6 +15,7 @@ from rlopt.compile.cache import StageCache
 from rlopt.backends import BACKENDS as BACKEND_REGISTRY, tool_versions
 from rlopt.compile.engine import Engine, Reporter, Silent
 from rlopt.stages.frontend import ModelSource
+from rlopt.compile.auto import ChooseAuto
 from rlopt.compile.network import compile_network
 from rlopt.compile.rounds import kept_worker
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
@@ -59,17 +60,21 @@ def default_output_dir(recipe: Recipe) -> Path:
 
 def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *, backends: list[str] | None = None,
                    overrides: dict[str, dict[str, Any]] | None = None, reporter: Reporter | None = None,
-                   cache: StageCache | None = None, source: ModelSource | None = None) -> CompileResult:
+                   cache: StageCache | None = None, source: ModelSource | None = None,
+                   retime: bool = False) -> CompileResult:
     """Compile every network of a recipe into MODEL_DIR; returns the manifest and any verification failures.
 
     `backends` replaces the recipe's list; `overrides` update backends' sections (e.g. {"tvm": {"tune_trials": 8}}).
 
     `cache` defaults to the stage cache under $RLOPT_CACHE; pass StageCache(enabled=False) to bypass it.
-    `source` makes the model (default: the one the recipe's `model` section names).
+    `source` makes the model (default: the one the recipe's `model` section names). `retime`: measure `auto`'s
+    routes again instead of reusing the cached ones (the new ones replace them in the cache).
     """
 
     started = time.perf_counter()
     cache = cache if cache is not None else StageCache()
+    if retime:
+        cache.refresh = cache.refresh | {ChooseAuto.name}
     recipe_path = Path(recipe_path)
     engine = Engine(reporter or Silent(), cache)
     recipe = resolve_options(load_recipe(recipe_path), backends, overrides, recipe_path)

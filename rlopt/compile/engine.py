@@ -129,7 +129,8 @@ class Engine:
             out = StageOutput(ctx.dir / artifact if artifact else None, typed)
             outcome = "hit"
         else:
-            outcome = ("miss: " + self.cache.explain_miss(ctx.scope, label, components)) if self.cache.enabled \
+            outcome = ("refreshed (--retime)" if label in self.cache.refresh else
+                       "miss: " + self.cache.explain_miss(ctx.scope, label, components)) if self.cache.enabled \
                 else "off (--no-cache)"
             before = set(ctx.dir.iterdir())
             out = stage.run(ctx)

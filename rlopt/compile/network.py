@@ -98,8 +98,8 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
     if ranked:
         auto = engine.run(ChooseAuto(record), ctx)
         assert auto is not None
-        record.selected = auto.facts["selected"]
-        record.facts = record.facts.updated(route=auto.facts["route"])
+        record.selected = auto.facts.selected
+        record.facts = record.facts.updated(route=auto.facts.route)
     if record.selected is None:
         ctx.failures.append(f"{ctx.name}: no backend was built and verified")
     return record

@@ -60,24 +60,36 @@ def subject_cells(key: str, runner: Runner, backend: str, record: NetworkRecord,
     return {(key, label): call for label, call in session_calls(runner, backend, record, reference, labels).items()}
 
 
-def block_median(call: Call, count: int) -> float:
-    """Median of `count` timed calls; a block of several starts with an untimed call (a single call longer than
-    a whole block's budget is not worth doubling)."""
+def timed_block(call: Call, count: int) -> tuple[float, float]:
+    """Median of `count` timed calls, and the calling thread's CPU time per timed call, both in us; a block of
+    several starts with an untimed call (a single call longer than a whole block's budget is not worth doubling).
+    The CPU time does not count the time this thread waited for a core: for a call that computes on the calling
+    thread alone it is what the call costs whatever else runs on the machine."""
     if count > 1:
         call()
     samples = []
+    cpu = time.thread_time_ns()
     for _ in range(count):
         start = time.perf_counter_ns()
         call()
         samples.append(time.perf_counter_ns() - start)
-    return float(np.median(samples)) / 1e3
+    return float(np.median(samples)) / 1e3, (time.thread_time_ns() - cpu) / count / 1e3
+
+
+def block_median(call: Call, count: int) -> float:
+    """`timed_block`'s median."""
+    return timed_block(call, count)[0]
+
+
+Medians = dict[str, dict[tuple[str, str], float]]  # configuration -> (subject, shape label) -> us
 
 
 def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, seed: int = 0,
                         estimates_us: Table | None = None,
-                        budget_s: float = BUDGET_S) -> tuple[dict[str, dict[tuple[str, str], float]], int]:
-    """Per configuration and (backend, shape) cell: the median over rounds of each round's block median, and
-    the rounds done (at least one; no round starts once `budget_s` is spent).
+                        budget_s: float = BUDGET_S) -> tuple[Medians, Medians, int]:
+    """Per configuration and (backend, shape) cell: the median over rounds of each round's block median, the
+    median over rounds of the calling thread's CPU time per call (`timed_block`), and the rounds done (at least
+    one; no round starts once `budget_s` is spent).
 
     Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
     mixed configuration, calls switch backends as a mixed session's do). A block is the bench protocol's: after
@@ -93,18 +105,26 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
             known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
             estimate = float(known) if known else block_median(call, 1)
             counts[config, cell] = int(min(BURST_CALLS, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
-    medians: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
-                                                             for c, cells in configurations.items()}
+    walls: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
+                                                           for c, cells in configurations.items()}
+    cpus: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
+                                                          for c, cells in configurations.items()}
     deadline, done = time.monotonic() + budget_s, 0
     while done < rounds and (done == 0 or time.monotonic() < deadline):
         for config in rng.sample(list(configurations), len(configurations)):
             cells = configurations[config]
             for cell in rng.sample(list(cells), len(cells)):
                 time.sleep(GAP_S)
-                medians[config][cell].append(block_median(cells[cell], counts[config, cell]))
+                wall, cpu = timed_block(cells[cell], counts[config, cell])
+                walls[config][cell].append(wall)
+                cpus[config][cell].append(cpu)
             time.sleep(SETTLE_S)
         done += 1
-    return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in medians.items()}, done
+
+    def medians(samples: dict[str, dict[tuple[str, str], list[float]]]) -> Medians:
+        return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in samples.items()}
+
+    return medians(walls), medians(cpus), done
 
 
 Subjects = dict[str, tuple[str, dict[str, Any]]]  # key -> (backend, facts it is opened with)
@@ -118,20 +138,25 @@ def open_subject(staging: Path, record: NetworkRecord, backend: str, facts: dict
 
 
 def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
-                  labels: dict[str, str], estimates_us: Table | None = None) -> tuple[Table, int]:
+                  labels: dict[str, str], estimates_us: Table | None = None,
+                  budget_s: float = BUDGET_S) -> tuple[Table, Table, int]:
     """Each subject opened alone (`alone <key>` configurations) and timed in interleaved rounds, in this process:
-    us per shape label per key, and the rounds done."""
+    us per shape label per key (wall, and the calling thread's CPU time per call), and the rounds done."""
     opened: list[Runner] = []
     try:
         configurations: dict[str, Cells] = {}
         for key, (backend, facts) in subjects.items():
             opened.append(open_subject(staging, record, backend, facts))
             configurations[f"alone {key}"] = subject_cells(key, opened[-1], backend, record, reference, labels)
-        medians, rounds = interleaved_medians(configurations, estimates_us=estimates_us)
+        walls, cpus, rounds = interleaved_medians(configurations, estimates_us=estimates_us, budget_s=budget_s)
     finally:
         for runner in opened:
             runner.close()
-    return {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}, rounds
+
+    def table(medians: Medians) -> Table:
+        return {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}
+
+    return table(walls), table(cpus), rounds
 
 
 class _Worker:
@@ -204,7 +229,7 @@ def kept_worker(start: bool = False) -> Iterator[None]:
 
 
 def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
-                          estimates_us: Table | None = None) -> tuple[Table, int]:
+                          estimates_us: Table | None = None, budget_s: float = BUDGET_S) -> tuple[Table, Table, int]:
     """`alone_medians` in another interpreter that opens nothing else. Raises RuntimeError with the reason in one
     line when it fails."""
     assert record.reference is not None
@@ -212,13 +237,13 @@ def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjec
         try:
             answer = _Worker.ask({"staging": str(staging), "record": record.model_dump(mode="json"),
                                   "reference": str(staging / record.reference.path), "subjects": subjects,
-                                  "labels": labels, "estimates_us": estimates_us or {}})
+                                  "labels": labels, "estimates_us": estimates_us or {}, "budget_s": budget_s})
         finally:
             if not _Worker.kept:
                 _Worker.close()
     if "error" in answer:
         raise RuntimeError(f"timing {', '.join(subjects)} in a fresh process failed: {answer['error']}")
-    return answer["alone_us"], int(answer["rounds"])
+    return answer["alone_us"], answer["cpu_us"], int(answer["rounds"])
 
 
 def fresh_process_main() -> None:
@@ -231,9 +256,9 @@ def fresh_process_main() -> None:
             record = NetworkRecord.model_validate(job["record"])
             reference = Reference.load(Path(job["reference"]), list(record.inputs), list(record.outputs))
             subjects = {key: (backend, facts) for key, (backend, facts) in job["subjects"].items()}
-            alone, rounds = alone_medians(Path(job["staging"]), record, reference, subjects, job["labels"],
-                                          job["estimates_us"])
-            answer: dict[str, Any] = {"alone_us": alone, "rounds": rounds}
+            alone, cpu, rounds = alone_medians(Path(job["staging"]), record, reference, subjects, job["labels"],
+                                               job["estimates_us"], job["budget_s"])
+            answer: dict[str, Any] = {"alone_us": alone, "cpu_us": cpu, "rounds": rounds}
         except Exception as exc:  # the parent reports it in one line
             text = str(exc).strip()
             answer = {"error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
@@ -241,6 +266,6 @@ def fresh_process_main() -> None:
         out.flush()
 
 
-__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "Call", "Cells", "Subjects", "alone_medians",
-           "block_median", "fresh_process_main", "fresh_process_medians", "interleaved_medians", "kept_worker",
+__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "Call", "Cells", "Medians", "Subjects", "alone_medians",
+           "block_median", "fresh_process_main", "timed_block", "fresh_process_medians", "interleaved_medians", "kept_worker",
            "open_subject", "session_calls", "subject_cells"]

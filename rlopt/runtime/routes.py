@@ -7,7 +7,7 @@ re-chooses (reads only the manifest).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,10 +15,12 @@ import numpy as np
 
 from rlopt.arrays import ShapeKey, parse_label
 from rlopt.backends import facts_of
+from rlopt.backends.capability import clearly_faster
 from rlopt.facts import OTHER, ArtifactFacts
 from rlopt.manifest import BackendRecord, NetworkRecord
 
-NOISE = 0.05  # a mixed route may be this much slower than the best single backend at a shape (timing noise)
+NOISE = 0.05  # the least margin: another backend must be this much faster to take a shape (timing noise), and a
+# mixed route may be this much slower than the holder alone at a shape
 GAIN = 0.10  # ...and must be at least this much faster at some shape to be worth a second backend
 
 
@@ -78,57 +80,107 @@ def _single_candidates(alone: Table, points: list[str], order: list[str]) -> lis
     return sorted(serving, key=lambda b: (_geomean([alone[b][p] for p in points]), order.index(b)))
 
 
+def _holder(alone: Table, singles: list[str], points: list[str], preferred: Sequence[str], margin: float,
+            cpu: Table, pools: Mapping[str, Collection[str]]) -> str:
+    """The single backend every shape stays on unless another is clearly faster there: the first `preferred` one
+    that serves every point, unless the fastest single backend (geometric mean) is clearly faster, also in CPU time
+    per call where both have a one-thread figure (and the fastest runs no pool); else that fastest one."""
+    fastest = singles[0]
+    keep = next((b for b in preferred if b in singles), None)
+    if keep is None or keep == fastest:
+        return fastest
+
+    def geo(table: Table, name: str) -> float | None:
+        row = table.get(name, {})
+        return _geomean([row[p] for p in points]) if all(p in row for p in points) else None
+
+    mine, theirs = None if pools.get(fastest) else geo(cpu, fastest), geo(cpu, keep)
+    beats = clearly_faster(geo(alone, fastest) or 0.0, geo(alone, keep) or 0.0, margin)
+    return fastest if beats and (mine is None or theirs is None or clearly_faster(mine, theirs, margin)) else keep
+
+
 def choose_route(alone: Table, together: Table | None, points: list[str], order: list[str],
-                 unmeasured: str = "", reconfigured: frozenset[str] = frozenset()) -> RouteChoice:
+                 unmeasured: str = "", reconfigured: frozenset[str] = frozenset(),
+                 margins: Mapping[str, float] | None = None, preferred: Sequence[str] = (),
+                 cpu: Table | None = None, pools: Mapping[str, Collection[str]] | None = None) -> RouteChoice:
     """The route `auto` runs, from latencies measured in the configurations a session can run.
 
     `alone[b]`: every point on backend b, its pools configured for running alone (ONNX Runtime spinning);
     `together[b]`: b's latency with every candidate loaded in one process, each configured as a mixed route opens it
     (`reconfigured`: the backends that open otherwise there, `Backend.mixed_options`), points interleaved; None when
     that could not be measured (`unmeasured` says why). A point missing from a backend's table is one it does not
-    serve. `order`: the candidates, best first.
+    serve. `order`: the candidates, best first. `margins[p]`: how much faster another backend must be at p to take
+    it (at least NOISE; the measurement's A/A noise widens it). `cpu[b][p]`: the CPU time per call of b's
+    configuration that computes on the calling thread alone (where it has one), a figure other processes' load
+    does not move; `pools[b]`: the points where b's route runs a pool instead (its CPU figure does not say how fast
+    it runs there).
 
-    The mixed route puts each point on its fastest backend in the mix, where a backend that runs the same way in
-    both configurations (not in `reconfigured`) counts its slower figure of the two: one lucky timing must not win
-    a shape; where the mix keeps the best single backend and it is not reconfigured, the two are one configuration
-    and compare as 1. It is kept only when it is no more than NOISE slower than the best single backend at every named
-    point (OTHER, the shapes without a point of their own, goes to the mix's fastest there: a named shape is one
-    the user declared) and at least GAIN faster at one point; otherwise, and whenever the mix could not be
-    measured, every shape goes to the best single backend.
+    Every shape stays on one holder (`_holder`: the first `preferred` backend, the peer users compare against,
+    unless another single backend is clearly faster overall) unless another backend is clearly faster there: by
+    the margin in the mix, where a backend that runs the same way in both configurations (not in `reconfigured`)
+    counts its slower figure of the two (one lucky timing must not win a shape), and, where both have a one-thread
+    CPU figure, by the margin in CPU time too (a pool timed beside a busy core reads slower; a one-thread
+    challenger must not win a shape by that alone). The mix is kept only when it is no more than the margin slower
+    than the holder alone at every named point (OTHER, the shapes without a point of their own, goes to the mix's
+    choice: a named shape is one the user declared) and at least GAIN faster at one point; where it keeps the holder
+    and the holder is not reconfigured, the two are one configuration and compare as 1. Otherwise, and whenever
+    the mix could not be measured, every shape goes to the holder.
     """
+    margin = {p: max(NOISE, (margins or {}).get(p, NOISE)) for p in points}
+    overall = max(NOISE, float(np.median(list(margin.values())))) if margin else NOISE
+    cpu, pools = cpu or {}, pools or {}
     singles = _single_candidates(alone, points, order)
     if together is None or not together:
-        best = singles[0] if singles else next(b for b in order if b in alone)
+        best = _holder(alone, singles, points, preferred, overall, cpu, pools) if singles else next(b for b in order
+                                                                                              if b in alone)
         why = f"mixed route not measured ({unmeasured})" if unmeasured else "one candidate backend"
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: {why}", best)
+
     def in_mix(name: str, point: str) -> float:
         same = name not in reconfigured and point in alone.get(name, {})
         return max(together[name][point], alone[name][point]) if same else together[name][point]
 
+    def takes(name: str, point: str, holder: str) -> bool:
+        if not clearly_faster(in_mix(name, point), in_mix(holder, point), margin[point]):
+            return False
+        mine = cpu.get(name, {}).get(point) if point not in pools.get(name, ()) else None
+        theirs = cpu.get(holder, {}).get(point)
+        return mine is None or theirs is None or clearly_faster(mine, theirs, margin[point])
+
+    best = _holder(alone, singles, points, preferred, overall, cpu, pools) if singles else ""
     mix = {}
     for point in points:
         serving = [b for b in order if point in together.get(b, {})]
-        if serving:
-            mix[point] = min(serving, key=lambda b: (in_mix(b, point), order.index(b)))
+        if not serving:
+            continue
+        holder = best if best in serving else min(serving, key=lambda b: (in_mix(b, point), order.index(b)))
+        challengers = [b for b in serving if b != holder and takes(b, point, holder)]
+        mix[point] = min(challengers, key=lambda b: (in_mix(b, point), order.index(b))) if challengers else holder
     if not singles:
         missing = [p for p in points if p not in mix]
         if missing:
             raise ValueError(f"no candidate backend serves {missing}")
         return RouteChoice(mix, len(set(mix.values())) > 1, "mixed: no single backend serves every shape",
                            mix[points[0]])
-    best = singles[0]
-    if len(set(mix.values())) == 1 or len(mix) < len(points):
-        return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: fastest at every shape", best)
-    # where the mix keeps the single backend and runs it as alone, both figures time one configuration: 1 by
-    # construction (compared, their noise alone rejected a mix: 1.09x at a shape the mix did not change)
+    if len(mix) < len(points) or set(mix.values()) == {best}:
+        return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: no other backend clearly faster at "
+                           f"any shape", best)
+    if len(set(mix.values())) == 1:
+        only = next(iter(mix.values()))
+        return RouteChoice(dict.fromkeys(points, only), False, f"{only} alone: clearly faster than {best} at every "
+                           f"shape", only)
+    # where the mix keeps the holder and runs it as alone, both figures time one configuration: 1 by construction
+    # (compared, their noise alone rejected a mix: 1.09x at a shape the mix did not change)
     ratios = {p: 1.0 if mix[p] == best and best not in reconfigured else in_mix(mix[p], p) / alone[best][p]
               for p in points}
-    worst = max([p for p in points if p != OTHER] or points, key=lambda p: ratios[p])
+    named = [p for p in points if p != OTHER] or points
+    worst = max(named, key=lambda p: ratios[p] - margin[p])
     gain = min(points, key=lambda p: ratios[p])
     table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
-    if ratios[worst] <= 1 + NOISE and ratios[gain] <= 1 - GAIN:
+    if ratios[worst] <= 1 + margin[worst] and ratios[gain] <= 1 - GAIN:
         return RouteChoice(mix, True, f"mixed kept, vs {best} alone: {table}", best, ratios)
-    why = f"{ratios[worst]:.2f}x at {worst}" if ratios[worst] > 1 + NOISE else f"under {GAIN:.0%} faster anywhere"
+    why = f"{ratios[worst]:.2f}x at {worst}" if ratios[worst] > 1 + margin[worst] else \
+        f"under {GAIN:.0%} faster anywhere"
     return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: the mix was {why} ({table})", best,
                        ratios)
 

@@ -6,7 +6,8 @@ import os
 import threading
 from typing import Any
 
-from rlopt.backends.tvm.stall import STREAK, WINDOW, StallGuard, one_thread_pool, timed, watch_limit_us
+from rlopt.backends.tvm.stall import (STREAK, WINDOW, StallGuard, one_thread_pool, size_thread_pool,
+                                      thread_pool_size, timed, watch_limit_us)
 
 # the default policy, compiled here: TVM at 1 and 2 threads per shape (facts.thread_latency_us)
 POLICY = {"1x1x768": {"1": 27.93, "2": 22.13}, "8x16x768": {"1": 933.01, "2": 484.58}}
@@ -74,24 +75,25 @@ def test_the_pool_is_resized_once_per_thread_without_binding_the_caller() -> Non
     assert os.environ.get("TVM_BIND_THREADS") == before
 
 
-def test_one_thread_runs_the_calling_threads_parallel_loops_inline() -> None:
-    """Real TVM: after the backend's `one_thread`, this thread's pool has one thread and no worker was started."""
+def test_a_pool_sized_to_one_thread_runs_the_calling_threads_parallel_loops_inline() -> None:
+    """Real TVM: `one_thread` facts say so, and `size_thread_pool(1)` in a thread starts no worker there."""
     import pytest
 
     pytest.importorskip("tvm")
     from rlopt.backends import BACKENDS
 
+    facts = BACKENDS["tvm"].one_thread({"num_threads": 2})
+    assert facts.num_threads == 1 and facts.calling_thread_only
+    assert BACKENDS["tvm"].route_update({"num_threads": 2}) == {"num_threads": 1, "calling_thread_only": True}
+    assert BACKENDS["tvm"].threads(facts) == 1
     seen: list[Any] = []
 
     def work() -> None:
-        import tvm_ffi
-
-        before = len(os.listdir("/proc/self/task"))
-        facts = BACKENDS["tvm"].one_thread({"num_threads": 2})
-        seen.extend([facts, tvm_ffi.get_global_func("runtime.NumThreads")(),
-                     len(os.listdir("/proc/self/task")) - before])
+        before, unsized = len(os.listdir("/proc/self/task")), thread_pool_size()
+        size_thread_pool(1)
+        seen.extend([unsized, thread_pool_size(), len(os.listdir("/proc/self/task")) - before])
 
     worker = threading.Thread(target=work)
     worker.start()
     worker.join()
-    assert seen == [{"num_threads": 2}, 1, 0]
+    assert seen == [None, 1, 0], "per thread: a new thread's pool was not sized by rlopt before"

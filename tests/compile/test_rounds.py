@@ -24,13 +24,15 @@ def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
 
     configurations = {"alone a": {("a", "s"): sleeper(200)},
                       "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
-    medians, rounds = interleaved_medians(configurations, rounds=3)
+    medians, cpu, rounds = interleaved_medians(configurations, rounds=3)
     assert rounds == 3
     assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
     assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
     assert 200 <= medians["alone a"]["a", "s"] < 20000
+    assert cpu["together"]["b", "s"] > 3 * cpu["together"]["a", "s"], "a busy wait is the calling thread's CPU"
+    assert 150 <= cpu["alone a"]["a", "s"] <= medians["alone a"]["a", "s"] * 1.5
     slow = {"c": {("a", "s"): sleeper(20_000)}}
-    _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
+    _, _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
     assert rounds == 1, "no round starts once the budget is spent, but one always runs"
 
 
@@ -40,9 +42,10 @@ def test_onnx_runtime_alone_is_timed_in_a_fresh_process(tiny_compiled: Path) -> 
     facts = record.artifacts["onnxruntime"].facts.as_dict()
     subjects = {"onnxruntime": ("onnxruntime", facts),
                 "onnxruntime 1 thread": ("onnxruntime", {**facts, "intra_op_threads": 1})}
-    alone, rounds = fresh_process_medians(tiny_compiled, record, subjects, labels)
-    assert rounds >= 1 and set(alone) == set(subjects)
+    alone, cpu, rounds = fresh_process_medians(tiny_compiled, record, subjects, labels)
+    assert rounds >= 1 and set(alone) == set(cpu) == set(subjects)
     assert all(set(table) == set(labels) and 0 < min(table.values()) < 1e6 for table in alone.values())
+    assert all(0 < min(table.values()) < 1e6 for table in cpu.values())
 
 
 def test_a_fresh_process_that_fails_says_why_in_one_line(tiny_compiled: Path, tmp_path: Path) -> None:

@@ -66,11 +66,12 @@ def test_every_candidate_is_timed_alone_and_together_at_every_shape(tiny_compile
     ctx = SimpleNamespace(staging=tiny_compiled, reference=load_reference(tiny_compiled, record))
     labels = named_shapes(record, ctx.reference) | {"other": "opt"}
     variants = {"onnxruntime": {"1 thread": {"intra_op_threads": 1}}}
-    alone, together, rounds = measure_configurations(ctx, record, ["onnxruntime", "tvm"], labels,  # type: ignore[arg-type]
-                                                     variants=variants)
-    assert rounds >= 1
-    for table in (alone, together):
-        assert set(table) == {"onnxruntime", "tvm", "onnxruntime 1 thread"}
+    measured = measure_configurations(ctx, record, ["onnxruntime", "tvm"], labels,  # type: ignore[arg-type]
+                                      variants=variants)
+    assert measured.rounds >= 1
+    assert set(measured.together) == {"onnxruntime", "tvm", "onnxruntime 1 thread"}
+    assert set(measured.alone) == set(measured.cpu) == {*measured.together, "onnxruntime (A/A)"}, "ORT's twin"
+    for table in (measured.alone, measured.together, measured.cpu):
         assert all(set(t) == set(labels) and 0 < min(t.values()) < 1e6 for t in table.values())
     assert set(labels) == {"1x1x32", "2x3x32", "4x6x32", "other"}
 

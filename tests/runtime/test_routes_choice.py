@@ -98,6 +98,35 @@ def test_a_per_shape_best_that_is_one_backend_is_that_backend_alone() -> None:
     assert not choice.mixed and choice.per_point == dict.fromkeys(SHAPES, "onnxruntime")
 
 
+def test_the_preferred_backend_holds_every_shape_another_does_not_clearly_win() -> None:
+    """ONNX Runtime holds ties (`Backend.holds_ties`): TVM 4% faster at 16x17 is noise, 2x at 1x17 is not."""
+    alone = {"onnxruntime": ORT_ALONE, "tvm": dict(zip(SHAPES, [15.0, 38.5, 90.0, 900.0]))}
+    together = {"onnxruntime": dict(zip(SHAPES, [30.0, 40.0, 60.0, 40.0])), "tvm": alone["tvm"]}
+    choice = choose_route(alone, together, SHAPES, ["tvm", "onnxruntime"], reconfigured=RECONFIGURED,
+                          preferred=["onnxruntime"])
+    assert choice.single == "onnxruntime" and choice.mixed
+    assert choice.per_point == {"1x17": "tvm", "16x17": "onnxruntime", "64x17": "onnxruntime", OTHER: "onnxruntime"}
+    wider = choose_route(alone, together, SHAPES, ["tvm", "onnxruntime"], reconfigured=RECONFIGURED,
+                         preferred=["onnxruntime"], margins={"1x17": 1.5})
+    assert not wider.mixed and set(wider.per_point.values()) == {"onnxruntime"}, "noise of 2.5x: 2x is not clear"
+
+
+def test_a_backend_clearly_faster_everywhere_holds_and_a_one_thread_challenger_must_win_in_cpu_time_too() -> None:
+    fast = {"tvm": dict(zip(SHAPES, [5.0, 10.0, 20.0, 20.0])), "onnxruntime": ORT_ALONE}
+    together = {"tvm": fast["tvm"], "onnxruntime": dict(zip(SHAPES, [30.0, 40.0, 60.0, 40.0]))}
+    choice = choose_route(fast, together, SHAPES, ["onnxruntime", "tvm"], reconfigured=RECONFIGURED,
+                          preferred=["onnxruntime"])
+    assert choice.per_point == dict.fromkeys(SHAPES, "tvm") and not choice.mixed and choice.single == "tvm"
+    same_cpu = {"tvm": dict(zip(SHAPES, [28.0, 38.0, 58.0, 38.0])), "onnxruntime": dict(zip(SHAPES, [29.0, 39.0,
+                                                                                               59.0, 39.0]))}
+    held = choose_route(fast, together, SHAPES, ["onnxruntime", "tvm"], reconfigured=RECONFIGURED,
+                        preferred=["onnxruntime"], cpu=same_cpu)
+    assert set(held.per_point.values()) == {"onnxruntime"}, "as fast on one thread: the walls were the pool's load"
+    pooled = choose_route(fast, together, SHAPES, ["tvm", "onnxruntime"], reconfigured=RECONFIGURED,
+                          preferred=["onnxruntime"], cpu=same_cpu, pools={"tvm": SHAPES})
+    assert set(pooled.per_point.values()) == {"tvm"}, "where the challenger runs a pool its CPU figure says nothing"
+
+
 def test_labels_parse_back_to_shape_keys() -> None:
     for key in [((1, 17),), ((2, 3, 32), (2, 8)), ((4,), ())]:
         assert parse_label(shape_label(key)) == key

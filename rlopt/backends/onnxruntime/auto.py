@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from rlopt.backends.capability import Table, TunedRoute
+from rlopt.backends.capability import Table, TunedRoute, clearly_faster
 from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.facts import OTHER
 
@@ -34,22 +34,27 @@ class OnnxRuntimeThreads:
         """One intra-op thread, where the artifact runs a pool of more (several usable cores, no fixed count)."""
         return {ONE_THREAD: {"intra_op_threads": 1}} if cores > 1 and facts.intra_op_threads != 1 else {}
 
-    def choose(self, alone: Table, together: Table | None, artifact_bytes: int) -> TunedRoute | None:
-        """Each shape label takes the faster configuration as measured (one thread on an exact tie); the session's
-        own configuration is the one at OTHER (the shapes without a point of their own), else the one most labels
-        take, and the labels that differ get a session of their own: the bench judges every shape against the faster
-        of the two, and one configuration per network would trade a shape's loss against another's gain. A graph
-        too large to open twice keeps one configuration: the pool when one thread's worst shape is over NOISE and
-        over NOISE worse than the pool's worst, else one thread."""
+    def choose(self, alone: Table, together: Table | None, artifact_bytes: int,
+               margins: Mapping[str, float] | None = None) -> TunedRoute | None:
+        """Each shape label keeps the default pool unless one thread is clearly faster there (by `margins[label]`,
+        at least NOISE): a pool timed while other processes hold a core reads slower than it runs on a quiet
+        machine, where it was up to 1.9x faster than one thread at the default policy's larger shapes, while
+        one thread never beats it there by more than the noise; so a busy build machine does not send such a shape
+        to one thread. The session's own configuration is the one at OTHER (the shapes without a point of their
+        own), else the one most labels take (the pool on a tie), and the labels that differ get a session of their own: the bench
+        judges every shape against the faster of the two, and one configuration per network would trade a shape's
+        loss against another's gain. A graph too large to open twice keeps one configuration: the pool when one
+        thread's worst shape is over NOISE and over NOISE worse than the pool's worst, else one thread."""
         if ONE_THREAD not in alone or POOL not in alone:
             return None
         one, pool = alone[ONE_THREAD], alone[POOL]
         labels = [label for label in one if label in pool and one[label] > 0 and pool[label] > 0]
         if not labels:
             return None
-        pooled = {label: pool[label] < one[label] for label in labels}
+        pooled = {label: not clearly_faster(one[label], pool[label], max(NOISE, (margins or {}).get(label, NOISE)))
+                  for label in labels}
         if artifact_bytes <= SECOND_SESSION_MAX_BYTES:
-            default = pooled[OTHER] if OTHER in pooled else sum(pooled.values()) * 2 > len(pooled)
+            default = pooled[OTHER] if OTHER in pooled else sum(pooled.values()) * 2 >= len(pooled)
         else:
             one_worst, pool_worst = _worst_ratio(one, pool)[0], _worst_ratio(pool, one)[0]
             default = one_worst > 1 + NOISE and one_worst > pool_worst * (1 + NOISE)
@@ -70,7 +75,8 @@ class OnnxRuntimeThreads:
                            f"{max(one[label], pool[label]) / min(one[label], pool[label]):.2f}x" for label in labels)
         return TunedRoute(per_label(alone), per_label(together) if both and together is not None else None, options,
                           f"onnxruntime threads per shape (the other configuration's latency over the chosen one): "
-                          f"{chosen}")
+                          f"{chosen}", {label: POOL if pooled.get(label, default) else ONE_THREAD
+                                        for label in pool if label in one})
 
 
 THREADS = OnnxRuntimeThreads()

@@ -45,6 +45,10 @@ class TvmFacts(ArtifactFacts):
     target: dict[str, Any] = Field(default_factory=dict, description="the TVM target, completed for the build host")
     cpu_features: list[str] = Field(default_factory=list, description="ISA features the generated code needs")
     num_threads: int | None = Field(None, description="TVM threads, chosen by measurement at compile time")
+    calling_thread_only: bool = Field(
+        False, description="computes on the calling thread alone, whatever TVM_NUM_THREADS says (an `auto` route, "
+                           "RoutePlan.options; refit's side-by-side gates): a pool's fork-join stalls when another "
+                           "process holds a core")
     shape_builds: list[ShapeBuild] = Field(default_factory=list)
     params: TvmParams | None = Field(None, description="None: the weights are baked in (cannot be refitted)")
     param_names: list[str] = Field(default_factory=list, description="the dynamic library's weights, in order")
@@ -98,6 +102,10 @@ class TvmFacts(ArtifactFacts):
             return None
         plan = padding_plan(self.shape_builds, list(self.shape_builds[0].shapes))
         return "padded" if self.gate_passed("padded") and plan is not None and plan.covers_range else "dynamic"
+
+    def route_detail(self, label: str) -> str:
+        """'1 thread' where a route runs it on the calling thread alone, else its thread count."""
+        return "1 thread" if self.calling_thread_only else f"{self.num_threads or 1} thread(s)"
 
     def bucket_files(self) -> list[FileRecord]:
         """The per-shape libraries that travel with the dynamic one."""

@@ -4,8 +4,10 @@ A shape with its own tuned static library runs as a `KernelChain` (chain.py); a 
 into a bigger build (`PaddedCall`, padding.py) once the parity gate passed padding, else it runs the dynamic
 library through a per-thread VM (`VmCall`). The VM function is looked up once; each thread gets its own VM (a VM
 is not re-entrant). TVM's thread count (chosen by measurement at compile time) is set through TVM_NUM_THREADS
-before TVM first starts its pool; a user's own TVM_NUM_THREADS wins. A pool of several threads is watched at the
-shapes where it won at compile time and re-sized to one thread when its calls stall (stall.py).
+before TVM first starts its pool; a user's own TVM_NUM_THREADS wins, except where the facts say `calling_thread_only`
+(an `auto` route): each calling thread's pool then runs one thread (stall.size_thread_pool). A pool of several
+threads is watched at the shapes where it won at compile time and re-sized to one thread when its calls stall
+(stall.py, opt-in).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from rlopt.backends.tvm import chain as _chain
 from rlopt.backends.tvm.chain import ALIGNMENT, KernelChain, record_chain
 from rlopt.backends.tvm.facts import ShapeKey, TvmFacts
 from rlopt.backends.tvm.padding import PaddedBucket, PaddedCall, padding_plan
-from rlopt.backends.tvm.stall import StallGuard, fallback_enabled, one_thread_pool, timed, watch_limit_us
+from rlopt.backends.tvm.stall import (StallGuard, fallback_enabled, one_thread_pool, size_thread_pool,
+                                      thread_pool_size, timed, watch_limit_us)
 from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
 from rlopt.files import checked_sibling
 from rlopt.lazy import require
@@ -118,7 +121,8 @@ class TvmRunner(Runner):
         self.padding = padding_plan(facts.shape_builds, input_names) if self.on_cpu and dispatch else None
         self.pads = self.padding is not None and facts.gate_passed("padded")
         self._local = threading.local()
-        self.threads = int(os.environ.get("TVM_NUM_THREADS") or 1)
+        self.calling_thread_only = facts.calling_thread_only and self.on_cpu
+        self.threads = 1 if self.calling_thread_only else int(os.environ.get("TVM_NUM_THREADS") or 1)
         self.thread_switches: list[dict[str, Any]] = []  # the stall fallback's switches, for Session.events
         self._limits = self._stall_limits(facts) if dispatch and self.on_cpu else {}
 
@@ -180,6 +184,10 @@ class TvmRunner(Runner):
     def _thread_state(self) -> Any:
         state = self._local
         if not hasattr(state, "plans"):
+            # this thread's pool as this runner runs it: another runner (or the build's thread choice) may have sized it
+            sized = thread_pool_size()
+            if self.on_cpu and (self.calling_thread_only or (sized is not None and sized != self.threads)):
+                size_thread_pool(self.threads)
             state.vms = {key: self._vm.VirtualMachine(lib, self.device) for key, lib in self._libraries.items()}
             state.functions = {key: _with_params(vm["main"], self._params[key]) for key, vm in state.vms.items()}
             state.plans = {}

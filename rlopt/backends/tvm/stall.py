@@ -1,11 +1,13 @@
-"""The busy-core fallback: a TVM pool of several threads is kept only while its calls beat one thread.
+"""TVM's pool, per calling thread: its size (`size_thread_pool`), and the busy-core fallback for a pool of several.
 
 TVM's fork-join cuts each parallel loop into one fixed chunk per thread and the caller waits for every chunk; when
 another process holds a core, the chunk on that core waits for a scheduler slot and the whole call with it
-(one-thread speed to 5-8x slower; docs/benchmarks.md, "The stall"). Compile measured each tuned shape at one
-thread and at the chosen count (`facts.thread_latency_us`), so the runtime knows what one thread would cost: when
-most calls take longer than that in STREAK windows running, the pool is a loss here and now, and the calling
-thread's pool is re-sized to one thread for good (TVM's pool is per calling thread).
+(one-thread speed to 5-8x slower; docs/benchmarks.md, "The stall"). An `auto` route therefore runs TVM on its calling
+thread alone (`TvmFacts.calling_thread_only`), where nothing can stall. A runner opened on its own (`rlopt tvm`) runs
+the build's count; there, the fallback: compile measured each tuned shape at one thread and at the chosen count
+(`facts.thread_latency_us`), so the runtime knows what one thread would cost: when most calls take longer than that
+in STREAK windows running, the pool is a loss here and now, and the calling thread's pool is re-sized to one thread
+for good.
 
 Opt-in (RLOPT_TVM_STALL_FALLBACK=1): under the bench protocol the watch switched on passing stalls and, never
 switching back, left the default policy's max shape at one-thread speed (1.9x ONNX Runtime's best against 1.13-1.16x
@@ -76,30 +78,48 @@ def timed(call: Callable[..., Any], guard: StallGuard) -> Callable[..., Any]:
     return run
 
 
-def one_thread_pool(configure: Callable[[int, int, list[str]], Any] | None = None) -> bool:
-    """Re-size the calling thread's TVM pool to one thread, with TVM_BIND_THREADS=0 meanwhile (else TVM pins the
-    calling thread to one core), as `build.choose_threads` does; False when this thread's pool was re-sized
-    already. The one-CPU list sets TVM's concurrency for this thread to 1, so its parallel loops run inline on the
-    caller: no pool worker is started, and none is left spinning (an idle worker yields up to 300000 times before
-    it sleeps, taking a core's share from whatever else runs). `configure`: TVM's `runtime.config_threadpool` unless
-    given (tests)."""
-    if getattr(_this_thread, "one", False):
-        return False
+def _configure(threads: int, cpus: list[str], configure: Callable[[int, int, list[str]], Any] | None) -> None:
+    """TVM's `runtime.config_threadpool` for the calling thread's pool (`configure` in tests), with
+    TVM_BIND_THREADS=0 meanwhile: else TVM pins the calling thread to one core, as `build.choose_threads` avoids."""
     if configure is None:
         from rlopt.lazy import require
 
         configure = require("tvm_ffi").get_global_func("runtime.config_threadpool")
-    _this_thread.one = True
     with _pool_lock:
         previous = os.environ.get("TVM_BIND_THREADS")
         os.environ["TVM_BIND_THREADS"] = "0"
         try:
-            configure(1, 1, ["0"])
+            configure(1, threads, cpus)
         finally:
             if previous is None:
                 os.environ.pop("TVM_BIND_THREADS", None)
             else:
                 os.environ["TVM_BIND_THREADS"] = previous
+
+
+def size_thread_pool(threads: int, configure: Callable[[int, int, list[str]], Any] | None = None) -> None:
+    """Size the calling thread's TVM pool to `threads` (at most the workers it was created with: TVM_NUM_THREADS
+    when it started). One thread is a one-CPU list: TVM's concurrency for this thread is then 1 and its parallel
+    loops run inline on the caller, so no worker is woken, none waits to be scheduled (a pool's fork-join gives each
+    worker a fixed chunk and waits for it: with another process on the worker's core, the call stalls) and none is
+    left spinning (an idle worker yields up to 300000 times before it sleeps). A runner calls it once per thread,
+    as its calls find the pool: another runner, or the build's thread choice, may have sized it."""
+    _configure(threads, ["0"] if threads == 1 else [], configure)
+    _this_thread.size = threads
+
+
+def thread_pool_size() -> int | None:
+    """What rlopt last sized the calling thread's pool to (None: never: TVM_NUM_THREADS applies)."""
+    return getattr(_this_thread, "size", None)
+
+
+def one_thread_pool(configure: Callable[[int, int, list[str]], Any] | None = None) -> bool:
+    """The fallback's switch: this thread's pool to one thread (`size_thread_pool`), once; False when this thread
+    switched already."""
+    if getattr(_this_thread, "one", False):
+        return False
+    _this_thread.one = True
+    size_thread_pool(1, configure)
     return True
 
 
@@ -107,5 +127,5 @@ def fallback_enabled() -> bool:
     return os.environ.get(FALLBACK_ENV, "") not in ("", "0")
 
 
-__all__ = ["CLEAR_WIN", "FALLBACK_ENV", "STREAK", "WINDOW", "StallGuard", "fallback_enabled", "one_thread_pool", "timed",
-           "watch_limit_us"]
+__all__ = ["CLEAR_WIN", "FALLBACK_ENV", "STREAK", "WINDOW", "StallGuard", "fallback_enabled", "one_thread_pool", "size_thread_pool",
+           "thread_pool_size", "timed", "watch_limit_us"]

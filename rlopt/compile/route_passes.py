@@ -1,0 +1,176 @@
+"""`auto`'s measurement: each candidate configuration timed alone and all together in interleaved rounds, in passes
+until the route they decide stops changing.
+
+One pass is `measure_configurations`: every subject (a candidate backend as a route opens it, and each of its own
+configurations) timed alone (a backend declared `timed_apart` in a worker process of its own, `rounds.py`) and, with
+several candidates, all together in this process; one subject is timed twice alone (its A/A twin), so the pass says
+how far two copies of one configuration read apart. `until_stable` takes passes until adding one leaves the route
+unchanged (at least MIN_PASSES: one measurement never decides alone) or MAX_PASSES were taken (the route is then
+flagged not stable); a pass during which other processes held CONTENDED cores more than the least loaded pass is
+not pooled (a burst), while a load that stays through every pass is the machine's state and is measured as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from rlopt.backends import BACKENDS, Runner
+from rlopt.backends.capability import Table
+from rlopt.compile.rounds import (Cells, Subjects, fresh_process_medians, interleaved_medians, open_subject,
+                                  subject_cells)
+from rlopt.machine import OtherLoad
+from rlopt.manifest import NetworkRecord
+from rlopt.stages.base import Context
+
+ROUNDS = 8  # per pass
+PASS_BUDGET_S = 1.5  # no round of a pass starts after this long
+MIN_PASSES, MAX_PASSES = 2, 4
+CONTENDED = 0.25  # cores' worth of other processes' CPU (or hypervisor steal) that marks a pass as loaded
+AA = " (A/A)"  # the key suffix of a subject's twin: the same configuration, opened again
+Variants = dict[str, dict[str, dict[str, Any]]]  # backend -> configuration name -> facts update
+Decision = TypeVar("Decision")
+
+
+def subject_key(backend: str, configuration: str = "") -> str:
+    """How the tables name a backend's configuration: '<backend> <configuration>' ('<backend>' for its own)."""
+    return f"{backend} {configuration}" if configuration else backend
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass's medians per subject and shape label: alone (twin included), together (empty with one candidate
+    and no other configuration timed here), the calling thread's CPU time per call (alone), the rounds done (the
+    fewer of the two measurements) and the cores other processes held meanwhile (None: unknown)."""
+
+    alone: Table
+    together: Table
+    cpu: Table
+    rounds: int
+    load: float | None = None
+
+
+def route_subjects(record: NetworkRecord, candidates: list[str], variants: Variants | None = None) -> Subjects:
+    """Each candidate as every route opens it (`Backend.route_update`: TVM on one thread), and each of its own
+    configurations (`variants`), keyed `subject_key`."""
+    subjects: Subjects = {}
+    for backend in candidates:
+        facts = record.artifacts[backend].facts
+        base = {**facts.as_dict(), **BACKENDS[backend].route_update(facts)}
+        subjects[backend] = (backend, base)
+        for name, update in (variants or {}).get(backend, {}).items():
+            subjects[subject_key(backend, name)] = (backend, {**base, **update})
+    return subjects
+
+
+def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
+                           estimates_us: Table | None = None, variants: Variants | None = None,
+                           budget_s: float = PASS_BUDGET_S) -> Pass:
+    """One pass: `alone[k]` (each subject's pools as when alone, and `<first subject timed apart, else first>` +
+    AA, its twin), `together[k]` (every subject open in this process, each as a mixed route opens it, cells
+    interleaved) and `cpu[k]` (alone), median us per shape label.
+
+    A backend `timed_apart` is timed alone in a fresh process that opens nothing else, as a session routed to it
+    alone runs it: ONNX Runtime's spinning pool timed in this process shared the cores with the idle pools of the
+    other candidates and sessions (the default policy at 8x16x768 on znver2: 1173 us here against 486-696 us in
+    processes of its own)."""
+    subjects = route_subjects(record, candidates, variants)
+    fresh = {k: v for k, v in subjects.items() if BACKENDS[v[0]].timed_apart}
+    here = {k: v for k, v in subjects.items() if k not in fresh}
+    twinned = next(iter(fresh or here))
+    (fresh if fresh else here)[twinned + AA] = subjects[twinned]
+    alone, cpu, rounds = fresh_process_medians(ctx.staging, record, fresh, labels, estimates_us, budget_s) \
+        if fresh else ({}, {}, ROUNDS)
+    if len(candidates) == 1 and set(here) <= {twinned + AA}:  # one backend's configurations: nothing to mix
+        return Pass(dict(alone), {}, dict(cpu), rounds)
+    opened: list[Runner] = []
+    try:
+        runners: dict[str, Runner] = {}
+        for key, (backend, facts) in {**subjects, **here}.items():  # each as a mixed route opens it; a twin as alone
+            update = BACKENDS[backend].mixed_options if key in subjects else {}
+            opened.append(open_subject(ctx.staging, record, backend, {**facts, **update}))
+            runners[key] = opened[-1]
+
+        def cells_of(key: str) -> Cells:  # a Session of its own for each configuration, as the runtime opens them
+            backend = (subjects.get(key) or here[key])[0]
+            return subject_cells(key, runners[key], backend, record, ctx.reference, labels)
+
+        configurations: dict[str, Cells] = {f"alone {k}": cells_of(k) for k in here}
+        configurations["together"] = {cell: call for k in subjects for cell, call in cells_of(k).items()}
+        walls, cpus, rounds_here = interleaved_medians(configurations, rounds=ROUNDS, estimates_us=estimates_us,
+                                                       budget_s=budget_s)
+    finally:
+        for runner in opened:
+            runner.close()
+
+    def table(medians: dict[str, dict[tuple[str, str], float]], config: str, keys: Sequence[str]) -> Table:
+        return {k: {label: round(medians[config.format(k)][k, label], 2) for label in labels} for k in keys}
+
+    return Pass({**alone, **table(walls, "alone {}", list(here))}, table(walls, "together", list(subjects)),
+                {**cpu, **table(cpus, "alone {}", list(here))}, min(rounds, rounds_here))
+
+
+def pooled(passes: Sequence[Pass]) -> Pass:
+    """The passes as one: each figure the median of its passes' (a figure some pass lacks: of those that have it);
+    rounds summed; the load the most any pass saw."""
+    def median_of(tables: list[Table]) -> Table:
+        keys = dict.fromkeys(k for t in tables for k in t)
+        return {k: {label: round(float(np.median([t[k][label] for t in tables if label in t.get(k, {})])), 2)
+                    for label in dict.fromkeys(lb for t in tables for lb in t.get(k, {}))} for k in keys}
+
+    loads = [p.load for p in passes if p.load is not None]
+    return Pass(median_of([p.alone for p in passes]), median_of([p.together for p in passes]),
+                median_of([p.cpu for p in passes]), sum(p.rounds for p in passes), max(loads) if loads else None)
+
+
+def aa_noise(alone: Table) -> dict[str, float]:
+    """Per shape label, max(A/A, 1 / A/A) of the subject timed twice (empty when none was)."""
+    twin = next((k for k in alone if k.endswith(AA)), None)
+    if twin is None or twin.removesuffix(AA) not in alone:
+        return {}
+    first, second = alone[twin.removesuffix(AA)], alone[twin]
+    return {label: round(max(second[label] / first[label], first[label] / second[label]), 3)
+            for label in first if label in second and first[label] > 0 and second[label] > 0}
+
+
+def kept_passes(passes: Sequence[Pass]) -> list[Pass]:
+    """The passes pooled: those whose load is within CONTENDED of the least loaded one's (unknown load: 0)."""
+    least = min((p.load or 0.0) for p in passes)
+    return [p for p in passes if (p.load or 0.0) < least + CONTENDED]
+
+
+@dataclass
+class Settled(Generic[Decision]):
+    """What `until_stable` settled on: every pass in order, those pooled, the decision on their pool, and whether
+    the last pass left it unchanged."""
+
+    passes: list[Pass] = field(default_factory=list)
+    kept: list[Pass] = field(default_factory=list)
+    decision: Decision | None = None
+    stable: bool = False
+
+
+def until_stable(measure: Callable[[], Pass], decide: Callable[[Pass], Decision],
+                 watch: Callable[[], OtherLoad] = OtherLoad) -> Settled[Decision]:
+    """Passes of `measure` until the decision on the kept passes pooled is the one the kept passes before the newest
+    gave (at least MIN_PASSES kept; a pass not kept adds nothing), or MAX_PASSES were taken."""
+    settled: Settled[Decision] = Settled()
+    while len(settled.passes) < MAX_PASSES:
+        with watch() as load:
+            measured = measure()
+        settled.passes.append(replace(measured, load=None if load.cores is None else round(load.cores, 3)))
+        settled.kept = kept_passes(settled.passes)
+        settled.decision = decide(pooled(settled.kept))
+        newest_kept = settled.kept[-1] is settled.passes[-1]
+        if len(settled.kept) >= MIN_PASSES and newest_kept and settled.decision == decide(pooled(settled.kept[:-1])):
+            settled.stable = True
+            break
+    return settled
+
+
+__all__ = ["AA", "CONTENDED", "MAX_PASSES", "MIN_PASSES", "PASS_BUDGET_S", "ROUNDS", "Pass", "Settled", "Variants",
+           "aa_noise", "kept_passes", "measure_configurations", "pooled", "route_subjects", "subject_key",
+           "until_stable"]
