@@ -110,9 +110,8 @@ class Backend:
     - `refit`: "module:function" of its RefitHook (new weights without recompiling); None: `rlopt refit` refuses it.
     - `one_thread(facts)`: the facts to open a runner that computes on its calling thread alone (refit then gates it
       side by side, one per core); None: it cannot.
-    - `mixed_options`: the facts update it is opened with in an `auto` route that mixes backends (ONNX Runtime: its
-      pool does not spin); `timed_apart`: `auto` times it alone in a process of its own (a spinning pool beside other
-      backends' idle pools reads slower than a session routed to it alone runs it); `auto`: "module:attribute" of its
+    - `timed_apart`: `auto` times it alone in a process of its own (a spinning pool beside other sessions reads
+      slower than a session routed to it alone runs it); `auto`: "module:attribute" of its
       AutoTuning (configurations `auto` chooses between per shape); `pool_stalls`: its pool's fork-join waits for a
       fixed chunk per worker, so a call stalls while another process holds a worker's core: `auto` times and routes it
       only as `one_thread` opens it (required with it), which cannot stall; `holds_ties`: `auto` keeps every shape
@@ -138,7 +137,6 @@ class Backend:
     triton: TritonModel | None = None
     refit: str | None = None
     one_thread: Callable[[Any], Any] | None = None
-    mixed_options: Mapping[str, Any] = field(default_factory=dict)
     timed_apart: bool = False
     auto: str | None = None
     pool_stalls: bool = False

@@ -21,8 +21,8 @@ from typing import Any
 
 from rlopt.backends import BACKENDS, facts_of, stage_versions, unavailable_reason
 from rlopt.backends.capability import TunedRoute
-from rlopt.compile.route_passes import (CONTENDED, Pass, Variants, aa_noise, measure_configurations, pooled,
-                                        subject_key, until_stable)
+from rlopt.compile.route_passes import (CONTENDED, Pass, Variants, aa_noise, measure_configurations,
+                                        on_calling_thread, pooled, route_facts, subject_key, until_stable)
 from rlopt.errors import BackendUnavailable, first_line
 from rlopt.facts import AutoChoiceFacts, AutoStageFacts, RoutePlan
 from rlopt.machine import load_average, usable_cores
@@ -73,10 +73,9 @@ def one_thread_subjects(record: NetworkRecord, contenders: list[str], variants: 
     it first, then its `variants`): their CPU time per call is what `choose_route` compares like with like."""
     found: dict[str, list[str]] = {}
     for backend in contenders:
-        facts = record.artifacts[backend].facts
-        base = {**facts.as_dict(), **BACKENDS[backend].route_update(facts)}
+        base = route_facts(record, backend)
         for name, update in {"": {}, **variants.get(backend, {})}.items():
-            if BACKENDS[backend].threads(facts_of(backend, {**base, **update})) == 1:
+            if on_calling_thread(backend, {**base, **update}):
                 found.setdefault(backend, []).append(subject_key(backend, name))
     return found
 
@@ -138,14 +137,15 @@ class Question:
         pools = {backend: [label for label, name in tuned[backend].configurations.items()
                            if subject_key(backend, name) not in single.get(backend, [])] for backend in tuned}
         preferred = [b for b in self.contenders if BACKENDS[b].holds_ties]
-        reconfigured = frozenset(b for b in self.contenders if BACKENDS[b].mixed_options)
+        companions = {b for b in self.contenders
+                      if on_calling_thread(b, route_facts(self.record, b))}
         choice = choose_route(alone, together if not self.why else None, list(self.labels), self.contenders,
-                              self.why, reconfigured, margins, preferred, cpu, pools)
+                              self.why, margins, preferred, cpu, pools, companions)
         routes = {label: choice.per_point[label] for label in self.named}
         routes[OTHER] = choice.per_point.get(OTHER, choice.per_point[self.at_opt])
-        options = ChooseAuto.options(routes, choice.mixed, tuned)
+        options = ChooseAuto.options(routes, tuned)
         for backend in set(routes.values()):  # every route opens it so (as timed): TVM on its calling thread
-            update = BACKENDS[backend].route_update(self.record.artifacts[backend].facts)
+            update = BACKENDS[backend].route_update(self.record.artifacts[backend].facts)  # only what changes
             if update:
                 options[backend] = {**update, **options.get(backend, {})}
         tuning_why = "".join(f"; {tuned[b].why}" for b in tuned if b in routes.values() and tuned[b].why)
@@ -161,12 +161,21 @@ class ChooseAuto(Stage):
     helpers = ("rlopt.compile.route_passes", "rlopt.compile.rounds", "rlopt.runtime.routes",
                "rlopt.backends.capability", "rlopt.machine")
 
-    def __init__(self, record: NetworkRecord) -> None:
-        self.record = record
+    def __init__(self, record: NetworkRecord, identities: Mapping[str, Any] | None = None) -> None:
+        self.record, self.identities = record, dict(identities or {})
 
     def config(self, ctx: Context) -> Any:
+        """The key: per verified backend its artifact's identity (its build's `artifact_identity`, else the sha256 of
+        its file and companions), facts, verify's latency, runner code and library versions; the inputs, the
+        reference, the runtime's code and the usable cores (this CPU joins as `machine_dependent`)."""
         verified = ranked_backends(self.record)
-        artifacts = {b: {"sha256": self.record.artifacts[b].sha256, "facts": self.record.artifacts[b].facts.as_dict(),
+
+        def identity(backend: str) -> Any:
+            known = self.identities.get(backend)
+            record = self.record.artifacts[backend]
+            return known if known is not None else [record.sha256, *(f.sha256 for f in record.facts.companion_files())]
+
+        artifacts = {b: {"identity": identity(b), "facts": self.record.artifacts[b].facts.as_dict(),
                          "latency_us": {p: v.model_dump(mode="json")
                                         for p, v in self.record.artifacts[b].latency_us.items()},
                          "runner_code": package_digest(BACKENDS[b].runner.split(":")[0]),
@@ -242,16 +251,14 @@ class ChooseAuto(Stage):
         return found
 
     @staticmethod
-    def options(routes: dict[str, str], mixed: bool, tuned: dict[str, TunedRoute]) -> dict[str, dict[str, Any]]:
-        """The facts each backend of the route opens with: its mixed-route options where the route mixes backends,
-        and its own configuration per shape where it chose one."""
+    def options(routes: dict[str, str], tuned: dict[str, TunedRoute]) -> dict[str, dict[str, Any]]:
+        """Each backend of the route's own configuration per shape, where it chose one (`AutoTuning`)."""
         options: dict[str, dict[str, Any]] = {}
         for backend in dict.fromkeys(routes.values()):
-            update = dict(BACKENDS[backend].mixed_options) if mixed else {}
             if backend in tuned:
-                update.update(tuned[backend].options([label for label, b in routes.items() if b == backend]))
-            if update:
-                options[backend] = update
+                update = tuned[backend].options([label for label, b in routes.items() if b == backend])
+                if update:
+                    options[backend] = update
         return options
 
     def detail(self, ctx: Context, out: StageOutput) -> str:

@@ -96,7 +96,7 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
     ranked = ranked_backends(record)
     record.selected = ranked[0] if ranked else None
     if ranked:
-        auto = engine.run(ChooseAuto(record), ctx)
+        auto = engine.run(ChooseAuto(record, identities), ctx)
         assert auto is not None
         record.selected = auto.facts.selected
         record.facts = record.facts.updated(route=auto.facts.route)

@@ -12,13 +12,13 @@ not pooled (a burst), while a load that stays through every pass is the machine'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from rlopt.backends import BACKENDS, Runner
+from rlopt.backends import BACKENDS, Runner, facts_of
 from rlopt.backends.capability import Table
 from rlopt.compile.rounds import (Cells, Subjects, fresh_process_medians, interleaved_medians, open_subject,
                                   subject_cells)
@@ -27,8 +27,8 @@ from rlopt.manifest import NetworkRecord
 from rlopt.stages.base import Context
 
 ROUNDS = 8  # per pass
-PASS_BUDGET_S = 1.5  # no round of a pass starts after this long
-MIN_PASSES, MAX_PASSES = 2, 4
+PASS_BUDGET_S = 1.0  # no round of a pass starts after this long (here, and again in the worker)
+MIN_PASSES, MAX_PASSES = 2, 3
 CONTENDED = 0.25  # cores' worth of other processes' CPU (or hypervisor steal) that marks a pass as loaded
 AA = " (A/A)"  # the key suffix of a subject's twin: the same configuration, opened again
 Variants = dict[str, dict[str, dict[str, Any]]]  # backend -> configuration name -> facts update
@@ -53,13 +53,31 @@ class Pass:
     load: float | None = None
 
 
+def on_calling_thread(backend: str, facts: Mapping[str, Any]) -> bool:
+    """Whether `backend` opened with `facts` computes on the calling thread alone (`Backend.threads` is 1)."""
+    return BACKENDS[backend].threads(facts_of(backend, facts)) == 1
+
+
+def mixable(subjects: Subjects) -> list[str]:
+    """The subjects a mixed route can hold: those of a backend that holds ties (a route's holder) and those that
+    compute on the calling thread alone (its companions): two pools in one route would fight over the cores."""
+    keys = [k for k, (backend, facts) in subjects.items()
+            if BACKENDS[backend].holds_ties or on_calling_thread(backend, facts)]
+    return keys if len({subjects[k][0] for k in keys}) > 1 else []
+
+
+def route_facts(record: NetworkRecord, backend: str) -> dict[str, Any]:
+    """`backend`'s facts as every route opens it (`Backend.route_update` over its artifact's: TVM on one thread)."""
+    facts = record.artifacts[backend].facts
+    return {**facts.as_dict(), **BACKENDS[backend].route_update(facts)}
+
+
 def route_subjects(record: NetworkRecord, candidates: list[str], variants: Variants | None = None) -> Subjects:
-    """Each candidate as every route opens it (`Backend.route_update`: TVM on one thread), and each of its own
-    configurations (`variants`), keyed `subject_key`."""
+    """Each candidate as every route opens it (`route_facts`), and each of its own configurations (`variants`),
+    keyed `subject_key`."""
     subjects: Subjects = {}
     for backend in candidates:
-        facts = record.artifacts[backend].facts
-        base = {**facts.as_dict(), **BACKENDS[backend].route_update(facts)}
+        base = route_facts(record, backend)
         subjects[backend] = (backend, base)
         for name, update in (variants or {}).get(backend, {}).items():
             subjects[subject_key(backend, name)] = (backend, {**base, **update})
@@ -70,8 +88,8 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
                            estimates_us: Table | None = None, variants: Variants | None = None,
                            budget_s: float = PASS_BUDGET_S) -> Pass:
     """One pass: `alone[k]` (each subject's pools as when alone, and `<first subject timed apart, else first>` +
-    AA, its twin), `together[k]` (every subject open in this process, each as a mixed route opens it, cells
-    interleaved) and `cpu[k]` (alone), median us per shape label.
+    AA, its twin), `together[k]` (the `mixable` subjects open in this process, cells interleaved) and `cpu[k]`
+    (alone), median us per shape label.
 
     A backend `timed_apart` is timed alone in a fresh process that opens nothing else, as a session routed to it
     alone runs it: ONNX Runtime's spinning pool timed in this process shared the cores with the idle pools of the
@@ -84,14 +102,15 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
     (fresh if fresh else here)[twinned + AA] = subjects[twinned]
     alone, cpu, rounds = fresh_process_medians(ctx.staging, record, fresh, labels, estimates_us, budget_s) \
         if fresh else ({}, {}, ROUNDS)
-    if len(candidates) == 1 and set(here) <= {twinned + AA}:  # one backend's configurations: nothing to mix
+    mixed = mixable(subjects)
+    if not mixed and set(here) <= {twinned + AA}:  # nothing to mix, nothing left to time alone here
         return Pass(dict(alone), {}, dict(cpu), rounds)
     opened: list[Runner] = []
     try:
         runners: dict[str, Runner] = {}
-        for key, (backend, facts) in {**subjects, **here}.items():  # each as a mixed route opens it; a twin as alone
-            update = BACKENDS[backend].mixed_options if key in subjects else {}
-            opened.append(open_subject(ctx.staging, record, backend, {**facts, **update}))
+        for key in dict.fromkeys([*mixed, *here]):  # a mix opens each backend as alone does
+            backend, facts = subjects.get(key) or here[key]
+            opened.append(open_subject(ctx.staging, record, backend, facts))
             runners[key] = opened[-1]
 
         def cells_of(key: str) -> Cells:  # a Session of its own for each configuration, as the runtime opens them
@@ -99,7 +118,8 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
             return subject_cells(key, runners[key], backend, record, ctx.reference, labels)
 
         configurations: dict[str, Cells] = {f"alone {k}": cells_of(k) for k in here}
-        configurations["together"] = {cell: call for k in subjects for cell, call in cells_of(k).items()}
+        if mixed:
+            configurations["together"] = {cell: call for k in mixed for cell, call in cells_of(k).items()}
         walls, cpus, rounds_here = interleaved_medians(configurations, rounds=ROUNDS, estimates_us=estimates_us,
                                                        budget_s=budget_s)
     finally:
@@ -109,7 +129,7 @@ def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list
     def table(medians: dict[str, dict[tuple[str, str], float]], config: str, keys: Sequence[str]) -> Table:
         return {k: {label: round(medians[config.format(k)][k, label], 2) for label in labels} for k in keys}
 
-    return Pass({**alone, **table(walls, "alone {}", list(here))}, table(walls, "together", list(subjects)),
+    return Pass({**alone, **table(walls, "alone {}", list(here))}, table(walls, "together", mixed) if mixed else {},
                 {**cpu, **table(cpus, "alone {}", list(here))}, min(rounds, rounds_here))
 
 
@@ -172,5 +192,5 @@ def until_stable(measure: Callable[[], Pass], decide: Callable[[Pass], Decision]
 
 
 __all__ = ["AA", "CONTENDED", "MAX_PASSES", "MIN_PASSES", "PASS_BUDGET_S", "ROUNDS", "Pass", "Settled", "Variants",
-           "aa_noise", "kept_passes", "measure_configurations", "pooled", "route_subjects", "subject_key",
-           "until_stable"]
+           "aa_noise", "kept_passes", "measure_configurations", "mixable", "on_calling_thread", "pooled",
+           "route_facts", "route_subjects", "subject_key", "until_stable"]

@@ -19,9 +19,8 @@ from rlopt.backends.capability import clearly_faster
 from rlopt.facts import OTHER, ArtifactFacts
 from rlopt.manifest import BackendRecord, NetworkRecord
 
-NOISE = 0.05  # the least margin: another backend must be this much faster to take a shape (timing noise), and a
-# mixed route may be this much slower than the holder alone at a shape
-GAIN = 0.10  # ...and must be at least this much faster at some shape to be worth a second backend
+NOISE = 0.05  # the least margin: another backend or configuration must be this much faster to take a shape
+GAIN = 0.10  # a mixed route must be at least this much faster at some shape to be worth a second backend
 
 
 def ranked_backends(record: NetworkRecord) -> list[str]:
@@ -100,31 +99,29 @@ def _holder(alone: Table, singles: list[str], points: list[str], preferred: Sequ
 
 
 def choose_route(alone: Table, together: Table | None, points: list[str], order: list[str],
-                 unmeasured: str = "", reconfigured: frozenset[str] = frozenset(),
-                 margins: Mapping[str, float] | None = None, preferred: Sequence[str] = (),
-                 cpu: Table | None = None, pools: Mapping[str, Collection[str]] | None = None) -> RouteChoice:
+                 unmeasured: str = "", margins: Mapping[str, float] | None = None, preferred: Sequence[str] = (),
+                 cpu: Table | None = None, pools: Mapping[str, Collection[str]] | None = None,
+                 companions: Collection[str] | None = None) -> RouteChoice:
     """The route `auto` runs, from latencies measured in the configurations a session can run.
 
-    `alone[b]`: every point on backend b, its pools configured for running alone (ONNX Runtime spinning);
-    `together[b]`: b's latency with every candidate loaded in one process, each configured as a mixed route opens it
-    (`reconfigured`: the backends that open otherwise there, `Backend.mixed_options`), points interleaved; None when
-    that could not be measured (`unmeasured` says why). A point missing from a backend's table is one it does not
-    serve. `order`: the candidates, best first. `margins[p]`: how much faster another backend must be at p to take
-    it (at least NOISE; the measurement's A/A noise widens it). `cpu[b][p]`: the CPU time per call of b's
-    configuration that computes on the calling thread alone (where it has one), a figure other processes' load
-    does not move; `pools[b]`: the points where b's route runs a pool instead (its CPU figure does not say how fast
-    it runs there).
+    `alone[b]`: every point on backend b alone (its pools as when alone: ONNX Runtime spinning); `together[b]`: b's
+    latency with the candidates a mix can hold loaded in one process, points interleaved; None when that could not be
+    measured (`unmeasured` says why). A point missing from a backend's table is one it does not serve. `order`: the
+    candidates, best first. `margins[p]`: how much faster another backend must be at p to take it (at least NOISE;
+    the measurement's A/A noise widens it). `cpu[b][p]`: the CPU time per call of b's configuration that computes on
+    the calling thread alone (where it has one), a figure other processes' load does not move; `pools[b]`: the points
+    where b's route runs a pool instead (its CPU figure does not say how fast it runs there). `companions`: the
+    backends that may join the holder in a mix (None: any); `auto` admits those that compute on the calling thread
+    alone, so a route never holds two pools that would fight over the cores, and every backend of a mix runs as it
+    does alone.
 
     Every shape stays on one holder (`_holder`: the first `preferred` backend, the peer users compare against,
-    unless another single backend is clearly faster overall) unless another backend is clearly faster there: by
-    the margin in the mix, where a backend that runs the same way in both configurations (not in `reconfigured`)
-    counts its slower figure of the two (one lucky timing must not win a shape), and, where both have a one-thread
-    CPU figure, by the margin in CPU time too (a pool timed beside a busy core reads slower; a one-thread
-    challenger must not win a shape by that alone). The mix is kept only when it is no more than the margin slower
-    than the holder alone at every named point (OTHER, the shapes without a point of their own, goes to the mix's
-    choice: a named shape is one the user declared) and at least GAIN faster at one point; where it keeps the holder
-    and the holder is not reconfigured, the two are one configuration and compare as 1. Otherwise, and whenever
-    the mix could not be measured, every shape goes to the holder.
+    unless another single backend is clearly faster overall) unless a companion is clearly faster there: its slower
+    figure of the two beats the holder's faster one by the margin (one lucky timing must not move a shape), and,
+    where both have a one-thread CPU figure, by the margin in CPU time too (a pool timed beside a busy core reads
+    slower; a one-thread challenger must not win a shape by that alone). OTHER (the shapes without a point of their
+    own) is decided like a named point. The mix is kept when it is at least GAIN faster at one point, else (and
+    whenever the mix could not be measured) every shape goes to the holder.
     """
     margin = {p: max(NOISE, (margins or {}).get(p, NOISE)) for p in points}
     overall = max(NOISE, float(np.median(list(margin.values())))) if margin else NOISE
@@ -136,12 +133,13 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         why = f"mixed route not measured ({unmeasured})" if unmeasured else "one candidate backend"
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: {why}", best)
 
-    def in_mix(name: str, point: str) -> float:
-        same = name not in reconfigured and point in alone.get(name, {})
-        return max(together[name][point], alone[name][point]) if same else together[name][point]
+    def figures(name: str, point: str) -> list[float]:
+        return [t[name][point] for t in (alone, together) if point in t.get(name, {})]
 
     def takes(name: str, point: str, holder: str) -> bool:
-        if not clearly_faster(in_mix(name, point), in_mix(holder, point), margin[point]):
+        if companions is not None and name not in companions:
+            return False
+        if not clearly_faster(max(figures(name, point)), min(figures(holder, point)), margin[point]):
             return False
         mine = cpu.get(name, {}).get(point) if point not in pools.get(name, ()) else None
         theirs = cpu.get(holder, {}).get(point)
@@ -151,11 +149,15 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     mix = {}
     for point in points:
         serving = [b for b in order if point in together.get(b, {})]
-        if not serving:
+        if best and point in alone.get(best, {}):
+            holder = best
+        elif serving:
+            holder = min(serving, key=lambda b: (max(figures(b, point)), order.index(b)))
+        else:
             continue
-        holder = best if best in serving else min(serving, key=lambda b: (in_mix(b, point), order.index(b)))
         challengers = [b for b in serving if b != holder and takes(b, point, holder)]
-        mix[point] = min(challengers, key=lambda b: (in_mix(b, point), order.index(b))) if challengers else holder
+        mix[point] = min(challengers, key=lambda b: (max(figures(b, point)), order.index(b))) if challengers \
+            else holder
     if not singles:
         missing = [p for p in points if p not in mix]
         if missing:
@@ -169,20 +171,13 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         only = next(iter(mix.values()))
         return RouteChoice(dict.fromkeys(points, only), False, f"{only} alone: clearly faster than {best} at every "
                            f"shape", only)
-    # where the mix keeps the holder and runs it as alone, both figures time one configuration: 1 by construction
-    # (compared, their noise alone rejected a mix: 1.09x at a shape the mix did not change)
-    ratios = {p: 1.0 if mix[p] == best and best not in reconfigured else in_mix(mix[p], p) / alone[best][p]
-              for p in points}
-    named = [p for p in points if p != OTHER] or points
-    worst = max(named, key=lambda p: ratios[p] - margin[p])
-    gain = min(points, key=lambda p: ratios[p])
+    # where the mix keeps the holder, it runs as alone: 1 by construction
+    ratios = {p: 1.0 if mix[p] == best else max(figures(mix[p], p)) / min(figures(best, p)) for p in points}
     table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
-    if ratios[worst] <= 1 + margin[worst] and ratios[gain] <= 1 - GAIN:
+    if min(ratios.values()) <= 1 - GAIN:
         return RouteChoice(mix, True, f"mixed kept, vs {best} alone: {table}", best, ratios)
-    why = f"{ratios[worst]:.2f}x at {worst}" if ratios[worst] > 1 + margin[worst] else \
-        f"under {GAIN:.0%} faster anywhere"
-    return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: the mix was {why} ({table})", best,
-                       ratios)
+    return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: the mix was under {GAIN:.0%} faster "
+                       f"anywhere ({table})", best, ratios)
 
 
 @dataclass(frozen=True)

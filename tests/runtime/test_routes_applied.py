@@ -55,9 +55,12 @@ def test_compile_records_what_it_chose_and_why(tiny_compiled: Path) -> None:
     if not choice.rounds:
         assert not choice.together_us
     assert choice.mixed == (len(set(route.routes.values())) > 1)
-    spins = route.options.get("onnxruntime", {}).get("allow_spinning") is not False
-    assert "onnxruntime" not in route.backends or spins is (not choice.mixed)
+    assert "allow_spinning" not in route.options.get("onnxruntime", {}), "ORT's pool spins in every route"
+    if "tvm" in route.backends:
+        assert route.options["tvm"]["calling_thread_only"] is True, "TVM on its calling thread"
     assert set(route.options) <= route.backends
+    assert choice.measured_at and choice.cores and len(choice.other_load_cores) == choice.passes
+    assert choice.passes == 0 or (choice.passes >= 2 and choice.stable is not None and choice.aa_noise)
     assert record.selected == route.routes["2x3x32"], "selected: what auto runs at opt"
 
 

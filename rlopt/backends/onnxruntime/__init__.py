@@ -44,8 +44,8 @@ BACKEND = Backend(
     distributions=(("onnxruntime", ("onnxruntime", "onnxruntime-gpu")),), pads_gemm=lambda config: False,
     triton=TritonModel(platform="onnxruntime_onnx", filename="model.onnx"),
     refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread,
-    # its pool spins between calls: beside another backend's pool it would starve it, so a mixed route stops it
-    mixed_options={"allow_spinning": False}, timed_apart=True, auto="rlopt.backends.onnxruntime.auto:THREADS",
+    # its spinning pool beside this process's other sessions reads slower than a session routed to it alone runs
+    timed_apart=True, auto="rlopt.backends.onnxruntime.auto:THREADS",
     # the bench's yardstick: a shape stays on it unless another backend is clearly faster there
     holds_ties=True,
     upgrade_v1_facts=_upgrade_v1_facts)
