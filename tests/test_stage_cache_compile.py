@@ -13,7 +13,7 @@ from rlopt.compile import CompileResult, compile_recipe
 from rlopt.verify import verify_model_dir
 from tests.conftest import run_rlopt, write_tiny_recipe
 
-CACHED = ("reference", "onnx", "tvm", "verify torchscript", "verify onnxruntime", "verify tvm")
+CACHED = ("reference", "onnx", "tvm", "verify torchscript", "verify onnxruntime", "verify tvm", "auto")
 
 
 def _outcomes(model_dir: Path, network: str = "policy") -> dict[str, str]:
@@ -40,6 +40,24 @@ def test_warm_compile_hits_every_cached_stage_and_stays_correct(cold: tuple[Path
     assert verify_model_dir(tmp_path / "out").passed
     before = read_manifest(tmp_path / "out").networks["policy"].artifacts
     assert before["tvm"].sha256 == first.manifest.networks["policy"].artifacts["tvm"].sha256
+    for name, network in read_manifest(tmp_path / "out").networks.items():
+        assert network.facts.route == first.manifest.networks[name].facts.route, "the cached route, as measured"
+
+
+def test_retime_measures_the_routes_again_and_the_next_warm_compile_reuses_the_new_ones(
+        cold: tuple[Path, Path, CompileResult], tmp_path: Path) -> None:
+    recipe, cache, first = cold
+    shutil.copytree(cache, tmp_path / "cache")
+    retimed = compile_recipe(recipe, tmp_path / "retimed", cache=StageCache(tmp_path / "cache"), retime=True)
+    outcomes = _outcomes(tmp_path / "retimed")
+    assert retimed.passed and outcomes["auto"] == "refreshed (--retime)"
+    assert all(outcomes[s] == "hit" for s in CACHED if s != "auto"), outcomes
+    measured = retimed.manifest.networks["policy"].facts.route
+    assert measured is not None and measured.choice is not None
+    assert measured.choice.measured_at >= first.manifest.networks["policy"].facts.route.choice.measured_at
+    again = compile_recipe(recipe, tmp_path / "again", cache=StageCache(tmp_path / "cache"))
+    assert _outcomes(tmp_path / "again")["auto"] == "hit"
+    assert again.manifest.networks["policy"].facts.route == measured, "the refreshed entry replaced the old one"
 
 
 def test_a_changed_recipe_field_misses_with_the_reason(tmp_path: Path) -> None:
@@ -85,6 +103,10 @@ def test_no_cache_flag_and_cache_commands(tmp_path: Path, monkeypatch: pytest.Mo
     assert first.returncode == second.returncode == 0
     assert "[cache miss: first compile of this stage]" in first.stdout, "the summary shows the outcome verbatim"
     assert "[cache hit]" in second.stdout
+    retimed = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--retime")
+    assert retimed.returncode == 0 and _outcomes(tmp_path / "out")["auto"] == "refreshed (--retime)"
+    inspected = run_rlopt("inspect", str(tmp_path / "out"))
+    assert inspected.returncode == 0 and "auto measured " in inspected.stdout
     info = run_rlopt("cache", "info", "--json")
     assert info.returncode == 0 and '"entries"' in info.stdout
     assert run_rlopt("cache", "clear").returncode == 0

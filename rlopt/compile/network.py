@@ -102,6 +102,7 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
         record.facts = record.facts.updated(route=auto.facts.route)
     if record.selected is None:
         ctx.failures.append(f"{ctx.name}: no backend was built and verified")
+    record.stages = list(ctx.stages)  # with triton's and auto's rows (the record was made before they ran)
     return record
 
 
