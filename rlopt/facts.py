@@ -232,7 +232,8 @@ class AutoChoiceFacts(Facts):
         loads = [x for x in self.other_load_cores if x is not None]
         parts = [f"measured {self.measured_at}" + (f" on {self.cores} cores" if self.cores else "")]
         if loads:
-            parts.append(f"other processes held {min(loads):.2f}-{max(loads):.2f} cores")
+            held = f"{min(loads):.2f}" + (f"-{max(loads):.2f}" if max(loads) > min(loads) else "")
+            parts.append(f"other processes held {held} cores")
         if self.load_average:
             parts.append("load average " + " ".join(f"{x:g}" for x in self.load_average))
         if self.passes:

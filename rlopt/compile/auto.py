@@ -21,7 +21,7 @@ from typing import Any
 
 from rlopt.backends import BACKENDS, facts_of, stage_versions, unavailable_reason
 from rlopt.backends.capability import TunedRoute
-from rlopt.compile.route_passes import (CONTENDED, Pass, Variants, aa_noise, measure_configurations,
+from rlopt.compile.route_passes import (CONTENDED, Measurement, Pass, Variants, aa_noise,
                                         on_calling_thread, pooled, route_facts, subject_key, until_stable)
 from rlopt.errors import BackendUnavailable, first_line
 from rlopt.facts import AutoChoiceFacts, AutoStageFacts, RoutePlan
@@ -209,8 +209,8 @@ class ChooseAuto(Stage):
         settled = None
         if (len(contenders) > 1 or variants) and not why:
             try:
-                settled = until_stable(lambda: measure_configurations(ctx, record, contenders, labels, recorded,
-                                                                      variants), question.decide)
+                with Measurement(ctx, record, contenders, labels, recorded, variants) as measurement:
+                    settled = until_stable(measurement.measure, question.decide)
             except (BackendUnavailable, RuntimeError, OSError, ValueError) as exc:
                 question = Question(record, contenders, variants, labels, named, at_opt,
                                     f"measuring failed: {first_line(exc)}")

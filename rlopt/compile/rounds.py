@@ -137,33 +137,59 @@ def open_subject(staging: Path, record: NetworkRecord, backend: str, facts: dict
     return open_runner(backend, staging / artifact.path, list(record.inputs), facts)
 
 
+class AloneSet:
+    """Subjects opened alone (an `alone <key>` configuration each), kept open for several timings: `time` runs
+    interleaved rounds over them, `close` closes every runner."""
+
+    def __init__(self, staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
+                 labels: dict[str, str]) -> None:
+        self.subjects, self.labels = subjects, labels
+        self.opened: list[Runner] = []
+        self.configurations: dict[str, Cells] = {}
+        try:
+            for key, (backend, facts) in subjects.items():
+                self.opened.append(open_subject(staging, record, backend, facts))
+                self.configurations[f"alone {key}"] = subject_cells(key, self.opened[-1], backend, record, reference,
+                                                                    labels)
+        except BaseException:
+            self.close()
+            raise
+
+    def time(self, estimates_us: Table | None = None, budget_s: float = BUDGET_S,
+             rounds: int = ROUNDS) -> tuple[Table, Table, int]:
+        """us per shape label per key (wall, and the calling thread's CPU time per call), and the rounds done."""
+        walls, cpus, done = interleaved_medians(self.configurations, rounds=rounds, estimates_us=estimates_us,
+                                                budget_s=budget_s)
+
+        def table(medians: Medians) -> Table:
+            return {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in self.labels}
+                    for k in self.subjects}
+
+        return table(walls), table(cpus), done
+
+    def close(self) -> None:
+        for runner in self.opened:
+            runner.close()
+        self.opened, self.configurations = [], {}
+
+
 def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
                   labels: dict[str, str], estimates_us: Table | None = None,
                   budget_s: float = BUDGET_S) -> tuple[Table, Table, int]:
-    """Each subject opened alone (`alone <key>` configurations) and timed in interleaved rounds, in this process:
-    us per shape label per key (wall, and the calling thread's CPU time per call), and the rounds done."""
-    opened: list[Runner] = []
+    """Each subject opened alone and timed in interleaved rounds, in this process (`AloneSet`, closed after)."""
+    opened = AloneSet(staging, record, reference, subjects, labels)
     try:
-        configurations: dict[str, Cells] = {}
-        for key, (backend, facts) in subjects.items():
-            opened.append(open_subject(staging, record, backend, facts))
-            configurations[f"alone {key}"] = subject_cells(key, opened[-1], backend, record, reference, labels)
-        walls, cpus, rounds = interleaved_medians(configurations, estimates_us=estimates_us, budget_s=budget_s)
+        return opened.time(estimates_us, budget_s)
     finally:
-        for runner in opened:
-            runner.close()
-
-    def table(medians: Medians) -> Table:
-        return {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in labels} for k in subjects}
-
-    return table(walls), table(cpus), rounds
+        opened.close()
 
 
 class _Worker:
     """The process `fresh_process_medians` sends its jobs to: started at the first, kept for the next ones inside
-    `kept_worker` (each job opens its runners and closes them, so it opens nothing else while it times; starting
-    an interpreter for each took 0.5 s). It reads one job per line on stdin and answers one line; it exits when this
-    process closes its stdin (or dies)."""
+    `kept_worker` (a job opens its runners and closes them, or keeps them for the next job with the same subjects
+    until `release_fresh`, so it opens nothing else while it times; starting an interpreter for each took 0.5 s).
+    It reads one job per line on stdin and answers one line; it exits when this process closes its stdin (or
+    dies)."""
 
     process: subprocess.Popen[str] | None = None
     kept = 0  # open `kept_worker` contexts
@@ -229,15 +255,18 @@ def kept_worker(start: bool = False) -> Iterator[None]:
 
 
 def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
-                          estimates_us: Table | None = None, budget_s: float = BUDGET_S) -> tuple[Table, Table, int]:
-    """`alone_medians` in another interpreter that opens nothing else. Raises RuntimeError with the reason in one
-    line when it fails."""
+                          estimates_us: Table | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
+                          keep: bool = False) -> tuple[Table, Table, int]:
+    """`alone_medians` in another interpreter that opens nothing else; `keep`: its runners stay open for the next
+    call with the same subjects (until `release_fresh`). Raises RuntimeError with the reason in one line when it
+    fails."""
     assert record.reference is not None
     with _Worker.lock:
         try:
             answer = _Worker.ask({"staging": str(staging), "record": record.model_dump(mode="json"),
                                   "reference": str(staging / record.reference.path), "subjects": subjects,
-                                  "labels": labels, "estimates_us": estimates_us or {}, "budget_s": budget_s})
+                                  "labels": labels, "estimates_us": estimates_us or {}, "budget_s": budget_s,
+                                  "rounds": rounds, "keep": keep})
         finally:
             if not _Worker.kept:
                 _Worker.close()
@@ -246,19 +275,40 @@ def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjec
     return answer["alone_us"], answer["cpu_us"], int(answer["rounds"])
 
 
+def release_fresh() -> None:
+    """Close the runners the worker kept open (`keep`); nothing when there is no worker."""
+    with _Worker.lock:
+        if _Worker.process is not None and _Worker.process.poll() is None:
+            _Worker.ask({"release": True})
+
+
 def fresh_process_main() -> None:
     """The worker: jobs (JSON lines) on stdin, answers (JSON lines) on stdout; a library's prints go to stderr."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    held: tuple[str, AloneSet] | None = None
     for line in sys.stdin:
         try:
             job = json.loads(line)
-            record = NetworkRecord.model_validate(job["record"])
-            reference = Reference.load(Path(job["reference"]), list(record.inputs), list(record.outputs))
-            subjects = {key: (backend, facts) for key, (backend, facts) in job["subjects"].items()}
-            alone, cpu, rounds = alone_medians(Path(job["staging"]), record, reference, subjects, job["labels"],
-                                               job["estimates_us"], job["budget_s"])
-            answer: dict[str, Any] = {"alone_us": alone, "cpu_us": cpu, "rounds": rounds}
+            identity = json.dumps([job.get(k) for k in ("staging", "reference", "subjects", "labels")])
+            if held is not None and (job.get("release") or held[0] != identity):
+                held[1].close()
+                held = None
+            if job.get("release"):
+                answer: dict[str, Any] = {"released": True}
+            else:
+                if held is None:
+                    record = NetworkRecord.model_validate(job["record"])
+                    reference = Reference.load(Path(job["reference"]), list(record.inputs), list(record.outputs))
+                    subjects = {key: (backend, facts) for key, (backend, facts) in job["subjects"].items()}
+                    held = identity, AloneSet(Path(job["staging"]), record, reference, subjects, job["labels"])
+                try:
+                    alone, cpu, rounds = held[1].time(job["estimates_us"], job["budget_s"], job["rounds"])
+                finally:
+                    if not job.get("keep"):
+                        held[1].close()
+                        held = None
+                answer = {"alone_us": alone, "cpu_us": cpu, "rounds": rounds}
         except Exception as exc:  # the parent reports it in one line
             text = str(exc).strip()
             answer = {"error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
@@ -266,6 +316,7 @@ def fresh_process_main() -> None:
         out.flush()
 
 
-__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "Call", "Cells", "Medians", "Subjects", "alone_medians",
+__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Call", "Cells", "Medians", "Subjects",
+           "alone_medians", "release_fresh",
            "block_median", "fresh_process_main", "timed_block", "fresh_process_medians", "interleaved_medians", "kept_worker",
            "open_subject", "session_calls", "subject_cells"]

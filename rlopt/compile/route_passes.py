@@ -1,7 +1,7 @@
 """`auto`'s measurement: each candidate configuration timed alone and all together in interleaved rounds, in passes
 until the route they decide stops changing.
 
-One pass is `measure_configurations`: every subject (a candidate backend as a route opens it, and each of its own
+One pass is `Measurement.measure`: every subject (a candidate backend as a route opens it, and each of its own
 configurations) timed alone (a backend declared `timed_apart` in a worker process of its own, `rounds.py`) and, with
 several candidates, all together in this process; one subject is timed twice alone (its A/A twin), so the pass says
 how far two copies of one configuration read apart. `until_stable` takes passes until adding one leaves the route
@@ -21,7 +21,7 @@ import numpy as np
 from rlopt.backends import BACKENDS, Runner, facts_of
 from rlopt.backends.capability import Table
 from rlopt.compile.rounds import (Cells, Subjects, fresh_process_medians, interleaved_medians, open_subject,
-                                  subject_cells)
+                                  release_fresh, subject_cells)
 from rlopt.machine import OtherLoad
 from rlopt.manifest import NetworkRecord
 from rlopt.stages.base import Context
@@ -84,53 +84,83 @@ def route_subjects(record: NetworkRecord, candidates: list[str], variants: Varia
     return subjects
 
 
-def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
-                           estimates_us: Table | None = None, variants: Variants | None = None,
-                           budget_s: float = PASS_BUDGET_S) -> Pass:
-    """One pass: `alone[k]` (each subject's pools as when alone, and `<first subject timed apart, else first>` +
-    AA, its twin), `together[k]` (the `mixable` subjects open in this process, cells interleaved) and `cpu[k]`
-    (alone), median us per shape label.
+class Measurement:
+    """One network's subjects opened for `auto`'s passes (a context: every runner is closed at its end, and the
+    worker's): `measure` is one pass, `alone[k]` (each subject's pools as when alone, and `<first subject timed
+    apart, else first>` + AA, its twin), `together[k]` (the `mixable` subjects open in this process, cells
+    interleaved) and `cpu[k]` (alone), median us per shape label. The runners stay open between passes.
 
     A backend `timed_apart` is timed alone in a fresh process that opens nothing else, as a session routed to it
     alone runs it: ONNX Runtime's spinning pool timed in this process shared the cores with the idle pools of the
     other candidates and sessions (the default policy at 8x16x768 on znver2: 1173 us here against 486-696 us in
     processes of its own)."""
-    subjects = route_subjects(record, candidates, variants)
-    fresh = {k: v for k, v in subjects.items() if BACKENDS[v[0]].timed_apart}
-    here = {k: v for k, v in subjects.items() if k not in fresh}
-    twinned = next(iter(fresh or here))
-    (fresh if fresh else here)[twinned + AA] = subjects[twinned]
-    alone, cpu, rounds = fresh_process_medians(ctx.staging, record, fresh, labels, estimates_us, budget_s) \
-        if fresh else ({}, {}, ROUNDS)
-    mixed = mixable(subjects)
-    if not mixed and set(here) <= {twinned + AA}:  # nothing to mix, nothing left to time alone here
-        return Pass(dict(alone), {}, dict(cpu), rounds)
-    opened: list[Runner] = []
-    try:
-        runners: dict[str, Runner] = {}
-        for key in dict.fromkeys([*mixed, *here]):  # a mix opens each backend as alone does
-            backend, facts = subjects.get(key) or here[key]
-            opened.append(open_subject(ctx.staging, record, backend, facts))
-            runners[key] = opened[-1]
 
-        def cells_of(key: str) -> Cells:  # a Session of its own for each configuration, as the runtime opens them
-            backend = (subjects.get(key) or here[key])[0]
-            return subject_cells(key, runners[key], backend, record, ctx.reference, labels)
+    def __init__(self, ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
+                 estimates_us: Table | None = None, variants: Variants | None = None,
+                 budget_s: float = PASS_BUDGET_S) -> None:
+        self.ctx, self.record, self.labels, self.estimates_us, self.budget_s = ctx, record, labels, estimates_us, \
+            budget_s
+        self.subjects = route_subjects(record, candidates, variants)
+        self.fresh = {k: v for k, v in self.subjects.items() if BACKENDS[v[0]].timed_apart}
+        self.here = {k: v for k, v in self.subjects.items() if k not in self.fresh}
+        twinned = next(iter(self.fresh or self.here))
+        (self.fresh if self.fresh else self.here)[twinned + AA] = self.subjects[twinned]
+        self.mixed = mixable(self.subjects)
+        if not self.mixed and set(self.here) <= {twinned + AA}:  # nothing to mix, nothing to time alone here
+            self.here = {}
+        self.opened: list[Runner] = []
+        self.configurations: dict[str, Cells] = {}
 
-        configurations: dict[str, Cells] = {f"alone {k}": cells_of(k) for k in here}
-        if mixed:
-            configurations["together"] = {cell: call for k in mixed for cell, call in cells_of(k).items()}
-        walls, cpus, rounds_here = interleaved_medians(configurations, rounds=ROUNDS, estimates_us=estimates_us,
-                                                       budget_s=budget_s)
-    finally:
-        for runner in opened:
+    def __enter__(self) -> Measurement:
+        try:
+            runners: dict[str, Runner] = {}
+            for key in dict.fromkeys([*self.mixed, *self.here]):  # a mix opens each backend as alone does
+                backend, facts = self.subjects.get(key) or self.here[key]
+                self.opened.append(open_subject(self.ctx.staging, self.record, backend, facts))
+                runners[key] = self.opened[-1]
+
+            def cells_of(key: str) -> Cells:  # a Session of its own for each configuration, as the runtime opens them
+                backend = (self.subjects.get(key) or self.here[key])[0]
+                return subject_cells(key, runners[key], backend, self.record, self.ctx.reference, self.labels)
+
+            self.configurations = {f"alone {k}": cells_of(k) for k in self.here}
+            if self.mixed:
+                self.configurations["together"] = {cell: call for k in self.mixed for cell, call in cells_of(k).items()}
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def measure(self) -> Pass:
+        alone, cpu, rounds = fresh_process_medians(self.ctx.staging, self.record, self.fresh, self.labels,
+                                                   self.estimates_us, self.budget_s, ROUNDS, keep=True) \
+            if self.fresh else ({}, {}, ROUNDS)
+        if not self.configurations:
+            return Pass(dict(alone), {}, dict(cpu), rounds)
+        walls, cpus, rounds_here = interleaved_medians(self.configurations, rounds=ROUNDS,
+                                                       estimates_us=self.estimates_us, budget_s=self.budget_s)
+
+        def table(medians: dict[str, dict[tuple[str, str], float]], config: str, keys: Sequence[str]) -> Table:
+            return {k: {label: round(medians[config.format(k)][k, label], 2) for label in self.labels} for k in keys}
+
+        return Pass({**alone, **table(walls, "alone {}", list(self.here))},
+                    table(walls, "together", self.mixed) if self.mixed else {},
+                    {**cpu, **table(cpus, "alone {}", list(self.here))}, min(rounds, rounds_here))
+
+    def __exit__(self, *exc: object) -> None:
+        for runner in self.opened:
             runner.close()
+        self.opened, self.configurations = [], {}
+        if self.fresh:
+            release_fresh()
 
-    def table(medians: dict[str, dict[tuple[str, str], float]], config: str, keys: Sequence[str]) -> Table:
-        return {k: {label: round(medians[config.format(k)][k, label], 2) for label in labels} for k in keys}
 
-    return Pass({**alone, **table(walls, "alone {}", list(here))}, table(walls, "together", mixed) if mixed else {},
-                {**cpu, **table(cpus, "alone {}", list(here))}, min(rounds, rounds_here))
+def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
+                           estimates_us: Table | None = None, variants: Variants | None = None,
+                           budget_s: float = PASS_BUDGET_S) -> Pass:
+    """One pass of a `Measurement`, its runners closed after."""
+    with Measurement(ctx, record, candidates, labels, estimates_us, variants, budget_s) as measurement:
+        return measurement.measure()
 
 
 def pooled(passes: Sequence[Pass]) -> Pass:
@@ -192,5 +222,5 @@ def until_stable(measure: Callable[[], Pass], decide: Callable[[Pass], Decision]
 
 
 __all__ = ["AA", "CONTENDED", "MAX_PASSES", "MIN_PASSES", "PASS_BUDGET_S", "ROUNDS", "Pass", "Settled", "Variants",
-           "aa_noise", "kept_passes", "measure_configurations", "mixable", "on_calling_thread", "pooled",
+           "Measurement", "aa_noise", "kept_passes", "measure_configurations", "mixable", "on_calling_thread", "pooled",
            "route_facts", "route_subjects", "subject_key", "until_stable"]

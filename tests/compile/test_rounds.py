@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlopt.compile.auto import named_shapes
-from rlopt.compile.rounds import fresh_process_medians, interleaved_medians
+from rlopt.compile.rounds import _Worker, fresh_process_medians, interleaved_medians, kept_worker, release_fresh
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
 
@@ -46,6 +46,19 @@ def test_onnx_runtime_alone_is_timed_in_a_fresh_process(tiny_compiled: Path) -> 
     assert rounds >= 1 and set(alone) == set(cpu) == set(subjects)
     assert all(set(table) == set(labels) and 0 < min(table.values()) < 1e6 for table in alone.values())
     assert all(0 < min(table.values()) < 1e6 for table in cpu.values())
+
+
+def test_a_fresh_process_keeps_its_runners_for_the_next_pass_until_released(tiny_compiled: Path) -> None:
+    record = read_manifest(tiny_compiled).networks["policy"]
+    labels = named_shapes(record, load_reference(tiny_compiled, record))
+    subjects = {"onnxruntime": ("onnxruntime", record.artifacts["onnxruntime"].facts.as_dict())}
+    with kept_worker():
+        first = fresh_process_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
+        second = fresh_process_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
+        release_fresh()
+        assert _Worker.process is not None and _Worker.process.poll() is None, "the worker lives on"
+    assert first[2] == second[2] == 2 and set(first[0]) == set(second[0]) == {"onnxruntime"}
+    assert _Worker.process is None, "and exits with the last kept_worker"
 
 
 def test_a_fresh_process_that_fails_says_why_in_one_line(tiny_compiled: Path, tmp_path: Path) -> None:

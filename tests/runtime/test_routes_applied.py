@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 import rlopt
-from rlopt.compile.auto import measure_configurations, named_shapes
+from rlopt.compile.auto import named_shapes
+from rlopt.compile.route_passes import measure_configurations
 from rlopt.manifest import Manifest, read_manifest, write_json
 from rlopt.tools.bench.candidates import load_reference
 
