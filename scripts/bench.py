@@ -5,7 +5,9 @@ The protocol (docs/benchmarks.md says why each part is there):
 - every model is compiled once (`rlopt compile --no-cache`, a fresh process; scripts/bench_models.py);
 - a run benches every model in a fresh `rlopt bench` process (this script's `--one`), where each candidate
   lives in its own worker process: `rlopt auto`, PyTorch eager (or SB3's `predict` for an agent zip's actor),
-  ONNX Runtime at 1 and at all threads, and an A/A twin of each ONNX Runtime session;
+  ONNX Runtime at 1 and at all threads, OpenVINO where installed and built (a peer: `Backend.bench_peer`), and an
+  A/A twin of each of those; once on the machine as it is (`quiet`) and once beside a busy core (`busy`: another
+  process spinning `while True: pass`, not pinned, for the whole bench);
 - per shape, K interleaved rounds (one block of calls per candidate per round, order shuffled each round);
   a ratio is the median over rounds of the per-round ratio of block medians (rlopt.tools.bench.protocol);
 - R runs, one after the other over all models; each row reports the median over runs, the spread (min-max of
@@ -17,7 +19,7 @@ invocation's table set on top. A default run (R = 3, all models) takes about 20 
 machine; `--quick` (R = 1, fewer rounds, a few models) is a smoke run.
 
 usage: python scripts/bench.py [--runs R] [--rounds K] [--quick] [--out FILE] [--doc FILE] [--no-doc]
-                               [--work-dir DIR] [MODEL ...]
+                               [--work-dir DIR] [--condition quiet|busy]... [MODEL ...]
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -43,23 +47,44 @@ from bench_models import QUICK, Model, known_models, prepare  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 RUNS, ROUNDS, QUICK_ROUNDS = 3, 40, 12
+CONDITIONS = {"quiet": "the machine as it is",
+              "busy": "another process spinning `while True: pass` (not pinned) for the whole bench"}
+SPIN = "while True: pass"
 
 
-def bench_once(model: Model, rounds: int, seed: int | None) -> tuple[dict[str, Any] | None, str | None]:
-    """One `rlopt bench` of the model in a fresh process (this script's --one): its report, or why there is none.
-    Without a seed the process draws its own (recorded in the report): the runs' round orders are independent."""
+@contextmanager
+def condition_of(name: str) -> Iterator[None]:
+    """The bench's condition: `busy` starts a spinning process (not pinned: the scheduler places it) and stops it
+    after; `quiet` adds nothing."""
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN]) if name == "busy" else None
+    try:
+        if spinner is not None:
+            time.sleep(0.2)  # running before the first round
+        yield
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+
+
+def bench_once(model: Model, rounds: int, seed: int | None,
+               condition: str = "quiet") -> tuple[dict[str, Any] | None, str | None]:
+    """One `rlopt bench` of the model in a fresh process (this script's --one) in `condition` (CONDITIONS): its
+    report (with the condition), or why there is none. Without a seed the process draws its own (recorded in the
+    report): the runs' round orders are independent."""
     command = [sys.executable, str(Path(__file__).resolve()), "--one", str(model.model_dir), "--rounds", str(rounds)]
     if seed is not None:
         command += ["--seed", str(seed)]
     if model.recipe is not None:
         command += ["--recipe", str(model.recipe)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    with condition_of(condition):
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return None, f"bench exit {done.returncode}: {lines[-1] if lines else '?'}"
     last = (done.stdout.strip().splitlines() or [""])[-1]  # a native library may have printed before the report
     try:
-        return json.loads(last), None
+        return {**json.loads(last), "condition": condition}, None
     except json.JSONDecodeError:
         return None, f"bench printed no report: {last[:200]!r}"
 
@@ -94,17 +119,38 @@ def machine_line() -> str:
 
 def auto_facts(model_dir: Path) -> dict[str, dict[str, Any]]:
     """What compile chose for `auto` (read before the work dir is removed): per network, the backend each shape
-    label routes to (`auto_routes`: the manifest's facts.route.routes) and compile's reason with the latencies it
-    chose from (`auto_choice`: facts.route.choice); both empty when the model did not compile."""
+    label routes to (`auto_routes`: the manifest's facts.route.routes), how it runs there (`auto_route_details`:
+    'tvm (1 thread)', 'onnxruntime (pool)': the route's options applied, `route_detail`), when and under which
+    load the route was measured (`route_measured`), and compile's reason with the latencies it chose from
+    (`auto_choice`: facts.route.choice); all empty when the model did not compile."""
+    from rlopt.backends import facts_of
     from rlopt.manifest import read_manifest
 
+    empty: dict[str, dict[str, Any]] = {"auto_routes": {}, "auto_route_details": {}, "route_measured": {},
+                                        "auto_choice": {}}
     if not (model_dir / "manifest.json").is_file():
-        return {"auto_routes": {}, "auto_choice": {}}
-    networks = read_manifest(model_dir).networks
-    routes = {name: r.facts.route for name, r in networks.items()}
-    return {"auto_routes": {name: dict(route.routes) if route else {} for name, route in routes.items()},
-            "auto_choice": {name: route.choice.as_dict() if route and route.choice else {}
-                            for name, route in routes.items()}}
+        return empty
+    for name, network in read_manifest(model_dir).networks.items():
+        route = network.facts.route
+        if route is None:
+            continue
+        empty["auto_routes"][name] = dict(route.routes)
+        details = {}
+        for label, backend in route.routes.items():
+            facts = facts_of(backend, network.artifacts[backend].facts)
+            detail = facts.updated(**route.options.get(backend, {})).route_detail(label)
+            details[label] = f"{backend} ({detail})" if detail else backend
+        empty["auto_route_details"][name] = details
+        choice = route.choice
+        empty["auto_choice"][name] = choice.as_dict() if choice else {}
+        if choice is not None and choice.measured_at:
+            loads = [x for x in choice.other_load_cores if x is not None]
+            empty["route_measured"][name] = (choice.measured_at.replace("T", " ").removesuffix("+00:00") + " UTC"
+                                             + (f", others held {max(loads):.2f} cores" if loads else "")
+                                             + ("" if choice.stable in (None, True) else ", not stable")
+                                             + (" (cached)" if any(s.get("stage") == "auto" and s.get("cache") == "hit"
+                                                                   for s in network.stages) else ""))
+    return empty
 
 
 REFIT_LATENCY_ROUNDS = 8  # the latency check's interleaved rounds: about a minute of benching
@@ -207,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the compiled MODEL_DIRs here")
     parser.add_argument("--seed", type=int, default=None, help="replay a run's round orders: run r of every model "
                         "uses SEED + r (default: each bench draws its own, recorded in its report)")
+    parser.add_argument("--condition", action="append", choices=list(CONDITIONS), default=None,
+                        help="bench in these conditions (default: both)")
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--recipe", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -237,16 +285,19 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
             print(f"[bench] {name}: exit {models[-1].compile_exit} in {models[-1].compile_s:.1f} s", file=sys.stderr)
         reports: dict[str, list[dict[str, Any]]] = {m.name: [] for m in models}
         errors: dict[str, list[str]] = {m.name: [] for m in models}
+        conditions = list(dict.fromkeys(args.condition or CONDITIONS))
         for run in range(runs):
             for model in models:
                 if model.compile_error and not (model.model_dir / "manifest.json").is_file():
                     continue
-                print(f"[bench] run {run + 1}/{runs}: {model.name}", file=sys.stderr)
-                report, error = bench_once(model, rounds, None if args.seed is None else args.seed + run)
-                if report is not None:
-                    reports[model.name].append(report)
-                else:
-                    errors[model.name].append(f"run {run + 1}: {error}")
+                for condition in conditions:
+                    print(f"[bench] run {run + 1}/{runs}: {model.name} ({condition})", file=sys.stderr)
+                    report, error = bench_once(model, rounds, None if args.seed is None else args.seed + run,
+                                               condition)
+                    if report is not None:
+                        reports[model.name].append(report)
+                    else:
+                        errors[model.name].append(f"run {run + 1} ({condition}): {error}")
         refit, refit_markdown = refit_section(models, work_dir, runs)
         serving, serving_markdown = serving_section(models, work_dir, runs, bool(args.quick))
         chosen = {m.name: auto_facts(m.model_dir) for m in models}
@@ -262,6 +313,7 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
         "machine_line": machine_line(), "load_average_at_start": load_start,
         "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
         "protocol": {"runs": runs, "rounds": rounds, "quick": bool(args.quick), "seed": args.seed}, "limits": limits,
+        "conditions": {c: CONDITIONS[c] for c in conditions},
         "models": model_json, "rows": rows, "default_policy_spread": default_policy_spread(rows),
         "refit": refit, "refit_markdown": refit_markdown, "serving": serving, "serving_markdown": serving_markdown,
         "seconds": round(time.perf_counter() - started, 1)}

@@ -1,5 +1,6 @@
-"""scripts/bench.py's rows and docs/benchmarks.md: per model, network and shape, the protocol's ratios over R runs
-(rlopt.tools.bench.protocol), the done-when verdict, and the Markdown table set one invocation writes."""
+"""scripts/bench.py's rows and docs/benchmarks.md: per model, network, shape and condition (quiet, busy core), the
+protocol's ratios over R runs (rlopt.tools.bench.protocol), auto's route there and when it was measured, the
+done-when verdict, and the Markdown table set one invocation writes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from rlopt.tools.bench.candidates import PEER_PREFIX
 from rlopt.tools.bench.protocol import CEILING, SPREAD_LIMIT, TOLERANCE, shape_ratios, spread, verdict
 
 MARKER = "<!-- table sets: scripts/bench.py writes below this line, the newest first -->"
@@ -17,32 +19,38 @@ TARGET_RATIOS = {"min": 0.35, "opt": 0.6, "max": 0.6}  # issue 5: auto / ONNX Ru
 
 
 def collect_rows(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (model, network, shape) from each model's `runs` (rlopt bench reports, as JSON)."""
-    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    """One row per (model, network, shape, condition) from each model's `runs` (rlopt bench reports, as JSON, each
+    with the `condition` it ran in; quiet where it names none)."""
+    rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for model in models:
         for run in model.get("runs", []):
+            condition = run.get("condition", "quiet")
             for net in run["networks"]:
                 for shape in net["shapes"]:
-                    key = (model["name"], net["network"], shape["point"])
+                    key = (model["name"], net["network"], shape["point"], condition)
                     row = rows.setdefault(key, {"model": model["name"], "origin": model["origin"],
                                                 "tuned": model["tuned"],
                                                 "tuning": model.get("tuning", "yes" if model["tuned"] else "no"),
-                                                "network": net["network"],
+                                                "network": net["network"], "condition": condition,
                                                 "point": shape["point"], "shape": shape["shape"],
-                                                "gflop": shape.get("gflop"), "backend": None, "runs": []})
+                                                "gflop": shape.get("gflop"), "backend": None, "route": None,
+                                                "route_measured": model.get("route_measured", {}).get(net["network"]),
+                                                "runs": []})
                     ratios = shape_ratios(shape.get("round_medians_us", {}))
                     row["runs"].append(None if ratios is None else ratios.to_json())
                     routes = model.get("auto_routes", {}).get(net["network"], {})
+                    details = model.get("auto_route_details", {}).get(net["network"], {})
                     label = "-".join("x".join(map(str, d)) for d in shape["shape"].values())
                     row["backend"] = (routes.get(label) or routes.get("other") or row["backend"]
                                       or net.get("workers", {}).get("rlopt auto", {}).get("backend"))
+                    row["route"] = details.get(label) or details.get("other") or row["route"]
     for row in rows.values():
         summarize(row)
     return list(rows.values())
 
 
 def summarize(row: dict[str, Any]) -> None:
-    """Add the row's medians over runs, the spread of auto / ORT best and the done-when verdict."""
+    """Add the row's medians over runs, the spread of auto / the peers' best and the done-when verdict."""
     runs = [r for r in row["runs"] if r is not None and r["auto"] is not None]
     if not runs:
         row.update(auto=None, verdict=None, spread=None)
@@ -55,16 +63,17 @@ def summarize(row: dict[str, Any]) -> None:
     for key in ("eager", "sb3"):
         values = [r[key] for r in runs if r[key] is not None]
         row[key] = statistics.median(values) if values else None
-    row["ort_best_us"] = statistics.median(r["ort_best_us"] for r in runs)
-    row["auto_us"] = statistics.median(r["ort_best_us"] * r["auto"] for r in runs)
-    sessions = sorted({r["ort_best"] for r in runs})
-    row["ort_best"] = " / ".join(s.removeprefix("onnxruntime ") for s in sessions)
+    row["peer_best_us"] = statistics.median(r["peer_best_us"] for r in runs)
+    row["auto_us"] = statistics.median(r["peer_best_us"] * r["auto"] for r in runs)
+    sessions = sorted({r["peer_best"] for r in runs})
+    row["peer_best"] = " / ".join(s.removeprefix("onnxruntime ").removeprefix(PEER_PREFIX) for s in sessions)
 
 
 def default_policy_spread(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The done-when check on the default policy's max shape: its auto / ORT best spread over runs."""
+    """The done-when check on the default policy's max shape (quiet): its auto / the peers' best spread over runs."""
     for row in rows:
-        if (row["model"], row["network"], row["point"]) == (*DEFAULT_POLICY, "max") and row.get("spread"):
+        if (row["model"], row["network"], row["point"], row.get("condition", "quiet")) == \
+                (*DEFAULT_POLICY, "max", "quiet") and row.get("spread"):
             width, runs = row["spread"]["relative"], len(row["runs"])
             return {"relative": width, "runs": runs, "passed": width <= SPREAD_LIMIT if runs > 1 else None}
     return None
@@ -79,13 +88,13 @@ def dims(shape: dict[str, list[int]]) -> str:
     return " ".join("x".join(map(str, d)) for d in shape.values())
 
 
-def target_needs(point: str, ort_best_us: float, gflop: float | None, peak_gflops: float | None) -> str:
+def target_needs(point: str, best_us: float, gflop: float | None, peak_gflops: float | None) -> str:
     """Issue 5's target latency at `point` (bundled recipes) and its FLOPs as a share of the FMA peak: over 100%
     means no fp32 code can reach it on this machine."""
     ratio = TARGET_RATIOS.get(point)
     if ratio is None:
         return "-"
-    target_us = ratio * ort_best_us
+    target_us = ratio * best_us
     share = f" ({gflop * 1e6 / target_us / peak_gflops:.0%} of FMA peak)" if gflop and peak_gflops else ""
     return fmt_us(target_us) + share
 
@@ -121,24 +130,26 @@ def table_set(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if spread_check and spread_check["passed"] is None:
         lines += ["Default policy, max shape: one run, so no spread to judge.", ""]
     elif spread_check:
-        lines += [f"Default policy, max shape: auto / ORT best spread over {spread_check['runs']} runs "
+        lines += [f"Default policy, max shape (quiet): auto / best spread over {spread_check['runs']} runs "
                   f"{spread_check['relative']:.1%} ({'within' if spread_check['passed'] else 'over'} "
                   f"{SPREAD_LIMIT:.0%}).", ""]
-    lines += ["| model / network | tuned | shape | auto's backend | auto | ORT best (session) | auto / ORT best | "
-              "runs min-max (spread) | A/A per run | eager / ORT best | sb3 predict / ORT best | done when | "
-              "issue 5 target |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"Conditions: {', '.join(f'{name}: {text}' for name, text in results.get('conditions', {}).items())}."
+              if results.get("conditions") else "Conditions: quiet.", "",
+              "| model / network | tuned | shape | condition | auto's route | route measured | auto | "
+              "ORT/OpenVINO best (session) | auto / best | runs min-max (spread) | A/A per run | eager / best | "
+              "sb3 predict / best | done when | issue 5 target |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        head = (f"| {row['model']} / {row['network']} | {row['tuning']} | {row['point']} {dims(row['shape'])} | "
+                f"{row.get('condition', 'quiet')} | {row.get('route') or row['backend'] or '-'} | "
+                f"{row.get('route_measured') or '-'} |")
         if row.get("auto") is None:
-            lines.append(f"| {row['model']} / {row['network']} | {row['tuning']} | "
-                         f"{row['point']} {dims(row['shape'])} | {row['backend'] or '-'} | - | - | - | - | - | - | "
-                         f"- | {_verdict_cell(row)} | - |")
+            lines.append(f"{head} - | - | - | - | - | - | - | {_verdict_cell(row)} | - |")
             continue
         s = row["spread"]
-        target = target_needs(row["point"], row["ort_best_us"], row.get("gflop"), peak) if row["tuned"] else "-"
-        lines.append(f"| {row['model']} / {row['network']} | {row['tuning']} | "
-                     f"{row['point']} {dims(row['shape'])} | {row['backend'] or '-'} | {fmt_us(row['auto_us'])} | "
-                     f"{fmt_us(row['ort_best_us'])} ({row['ort_best']}) | {row['auto']:.2f} | "
-                     f"{s['min']:.2f}-{s['max']:.2f} ({s['relative']:.0%}) | {_aa_cell(row)} | "
+        target = target_needs(row["point"], row["peer_best_us"], row.get("gflop"), peak) if row["tuned"] else "-"
+        lines.append(f"{head} {fmt_us(row['auto_us'])} | {fmt_us(row['peer_best_us'])} ({row['peer_best']}) | "
+                     f"{row['auto']:.2f} | {s['min']:.2f}-{s['max']:.2f} ({s['relative']:.0%}) | {_aa_cell(row)} | "
                      f"{_ratio(row['eager'])} | {_ratio(row['sb3'])} | {_verdict_cell(row)} | {target} |")
     problems = [f"- {m['name']}: {m['compile_error']}" for m in results["models"] if m.get("compile_error")]
     problems += [f"- {m['name']}: {e}" for m in results["models"] for e in m.get("run_errors", [])]

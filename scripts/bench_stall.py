@@ -5,16 +5,18 @@ what else runs on the cores? Benches COPIES identical `rlopt tvm` sessions (each
 - `hog`: a busy-looping process pinned to the last usable core for the whole bench (what another user's job,
   or a hypervisor taking that vCPU, does to one core);
 - `loop`: no bench machinery at all: one process per case calls `Session.run` in a plain loop (300 calls at
-  the max shape) for TVM at its compiled thread count with the busy-core fallback (the runner re-sizes a
-  stalled pool to one thread; RLOPT_TVM_STALL_FALLBACK=1) and without it (the default), TVM at one thread, and rlopt's ONNX
-  Runtime; `loop-hog`: the same with the busy process pinned to the last core. A TVM case prints how many
-  times its pool was re-sized (`Session.events`).
+  each `--shape`, max by default) for TVM with a pool spanning every usable core (TVM_NUM_THREADS) with the
+  busy-core fallback (the runner re-sizes a stalled pool to one thread; RLOPT_TVM_STALL_FALLBACK=1) and without
+  it, TVM at one thread, rlopt's ONNX Runtime (its default pool) and `rlopt auto` (the recorded route: TVM on its calling
+  thread where it is routed); `loop-hog`: the same with the busy process pinned to the last core. A TVM case
+  prints how many times its pool was re-sized (`Session.events`).
 Prints, per condition and shape, each candidate's median and its ratio to the fastest TVM copy, plus the
 steal time /proc/stat counted meanwhile. A process-level cause shows as copies apart under `as-is`; a
 core-level one as every TVM copy slowed under `hog` while ONNX Runtime (whose caller takes a stalled
 worker's chunks) is not.
 
 usage: python scripts/bench_stall.py MODEL_DIR [--network N] [--copies 4] [--rounds 40] [--condition C]...
+                                     [--shape POINT]...
        (MODEL_DIR: e.g. `rlopt compile recipes/policy_value_heads.yaml -o DIR`)
 """
 
@@ -57,8 +59,8 @@ import os, sys, time, numpy as np, rlopt
 from pathlib import Path
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
-model_dir, network, backend = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-feeds = load_reference(model_dir, read_manifest(model_dir).networks[network]).feeds("max", 0)
+model_dir, network, backend, point = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+feeds = load_reference(model_dir, read_manifest(model_dir).networks[network]).feeds(point, 0)
 session = rlopt.load(model_dir, network, backend)
 for _ in range(20):
     session.run(feeds)
@@ -72,18 +74,26 @@ os._exit(0)  # at exit TVM joins its pool threads, and a worker spin-yielding on
 """
 
 
-def loop(model_dir: Path, network: str) -> dict[str, Any]:
-    cases = {"rlopt tvm, RLOPT_TVM_STALL_FALLBACK=1": ("tvm", {"RLOPT_TVM_STALL_FALLBACK": "1"}),
-             "rlopt tvm": ("tvm", {}),
+def loop(model_dir: Path, network: str, points: list[str]) -> dict[str, Any]:
+    pool = str(len(os.sched_getaffinity(0)))  # a pool spanning every usable core, whatever the build chose
+    cases = {f"rlopt tvm, TVM_NUM_THREADS={pool}, RLOPT_TVM_STALL_FALLBACK=1": (
+                 "tvm", {"TVM_NUM_THREADS": pool, "RLOPT_TVM_STALL_FALLBACK": "1"}),
+             f"rlopt tvm, TVM_NUM_THREADS={pool}": ("tvm", {"TVM_NUM_THREADS": pool}),
              "rlopt tvm, TVM_NUM_THREADS=1": ("tvm", {"TVM_NUM_THREADS": "1"}),
-             "rlopt onnxruntime": ("onnxruntime", {})}
-    medians, switches = {}, {}
-    for name, (backend, env) in cases.items():
-        done = subprocess.run([sys.executable, "-c", LOOP, str(model_dir), network, backend], capture_output=True,
-                              text=True, check=True, env=dict(os.environ, **env))
-        events, median = done.stdout.split()[-2:]
-        medians[name], switches[name] = float(median), int(events)
-    return {"max": medians, "switches": switches}
+             "rlopt onnxruntime": ("onnxruntime", {}),
+             "rlopt auto": ("auto", {})}
+    out: dict[str, Any] = {}
+    switches: dict[str, int] = {}
+    for point in points:
+        medians = {}
+        for name, (backend, env) in cases.items():
+            done = subprocess.run([sys.executable, "-c", LOOP, str(model_dir), network, backend, point],
+                                  capture_output=True, text=True, check=True, env=dict(os.environ, **env))
+            events, median = done.stdout.split()[-2:]
+            medians[name] = float(median)
+            switches[name] = switches.get(name, 0) + int(events)
+        out[point] = medians
+    return {**out, "switches": switches}
 
 
 def run_condition(condition: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -93,17 +103,19 @@ def run_condition(condition: str, args: argparse.Namespace) -> dict[str, Any]:
         hog = subprocess.Popen([sys.executable, "-c", HOG, str(core)])
     steal = steal_ticks()
     try:
-        result = (loop(args.model_dir, args.network) if condition.startswith("loop")
+        result = (loop(args.model_dir, args.network, args.shape or ["max"]) if condition.startswith("loop")
                   else bench(args.model_dir, args.network, args.copies, args.rounds))
     finally:
         if hog is not None:
             hog.kill()
             hog.wait()
-    return {"condition": condition, "steal_ticks": steal_ticks() - steal, "shapes": result}
+    return {"condition": condition, "steal_ticks": steal_ticks() - steal, "shapes": result,
+            "load_average": [round(v, 2) for v in os.getloadavg()]}
 
 
 def render(outcome: dict[str, Any]) -> str:
-    lines = [f"condition {outcome['condition']} (steal ticks meanwhile: {outcome['steal_ticks']})"]
+    lines = [f"condition {outcome['condition']} (steal ticks meanwhile: {outcome['steal_ticks']}, load average "
+             f"{outcome.get('load_average')})"]
     shapes = dict(outcome["shapes"])
     switches = shapes.pop("switches", None)
     if switches is not None:
@@ -123,6 +135,8 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--condition", action="append", choices=["as-is", "hog", "loop", "loop-hog"])
+    parser.add_argument("--shape", action="append", choices=["min", "opt", "max"], help="loop conditions: the points "
+                        "to loop at (default max)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     outcomes = [run_condition(c, args) for c in args.condition or ["as-is", "hog", "loop", "loop-hog"]]

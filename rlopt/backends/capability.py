@@ -116,7 +116,9 @@ class Backend:
       fixed chunk per worker, so a call stalls while another process holds a worker's core: `auto` times and routes it
       only as `one_thread` opens it (required with it), which cannot stall; `holds_ties`: `auto` keeps every shape
       on it unless another backend is clearly faster there (ONNX Runtime: the peer users compare against, whose pool
-      degrades to one thread's speed on a busy core instead of stalling).
+      degrades to one thread's speed on a busy core instead of stalling); `bench_peer`: the project's bench
+      (scripts/bench.py) judges `auto` against it too, as a peer users would pick instead (its best with ONNX
+      Runtime's sessions).
     - `upgrade_v1_facts(network facts)`: its own keys of a schema 1 manifest's network facts, moved into the current
       layout (removed from the dict, returned as `RoutePlan.options` of this backend).
     """
@@ -141,6 +143,7 @@ class Backend:
     auto: str | None = None
     pool_stalls: bool = False
     holds_ties: bool = False
+    bench_peer: bool = False
     upgrade_v1_facts: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def runner_class(self) -> Any:

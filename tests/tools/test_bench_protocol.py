@@ -10,7 +10,7 @@ import pytest
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench import Skip, run_bench
 from rlopt.tools.bench.candidates import AA_SUFFIX, OPENERS, CandidateKind, candidate_specs
-from rlopt.tools.bench.protocol import aa_noise, ort_best, paired_ratio, shape_ratios, spread, verdict
+from rlopt.tools.bench.protocol import aa_noise, ort_best, paired_ratio, peer_best, shape_ratios, spread, verdict
 from tests.tools.common import CORES, ORT_BASELINES
 
 
@@ -36,9 +36,18 @@ def test_shape_ratios_pair_auto_eager_and_the_twin_with_the_best_session() -> No
               "pytorch eager": [30.0, 30.0, 30.0]}
     ratios = shape_ratios(rounds)
     assert ratios is not None
-    assert ratios.ort_best == "onnxruntime 1 thread" and ratios.ort_best_us == 10.0
+    assert ratios.peer_best == "onnxruntime 1 thread" and ratios.peer_best_us == 10.0
     assert (ratios.auto, ratios.aa, ratios.eager, ratios.sb3) == (0.8, 1.05, 3.0, None)
     assert shape_ratios({"rlopt auto": [1.0]}) is None
+
+
+def test_a_peer_backend_faster_than_every_onnx_runtime_session_is_the_best_and_its_twin_the_noise() -> None:
+    rounds = {"onnxruntime 1 thread": [10.0, 10.0], "onnxruntime 2 threads": [12.0, 12.0],
+              "peer openvino": [8.0, 8.0], "peer openvino (A/A)": [8.4, 8.0], "rlopt auto": [9.0, 8.0]}
+    assert ort_best(rounds) == "onnxruntime 1 thread" and peer_best(rounds) == "peer openvino"
+    ratios = shape_ratios(rounds)
+    assert ratios is not None and ratios.peer_best == "peer openvino" and ratios.auto == pytest.approx(1.0625)
+    assert ratios.aa == pytest.approx(1.025)
 
 
 def test_aa_noise_counts_either_copy_being_slower() -> None:

@@ -31,4 +31,5 @@ BACKEND = Backend(
     unavailable=_unavailable, threads=_threads, facts=OpenVinoFacts, native=True,
     distributions=(("openvino", ("openvino",)),), pads_gemm=lambda config: False,
     triton=TritonModel(backend="openvino", filename="model.xml", rules="rlopt.backends.openvino.triton:triton_config"),
-    refit="rlopt.backends.openvino.refit:refit_artifact", one_thread=_one_thread)
+    refit="rlopt.backends.openvino.refit:refit_artifact", one_thread=_one_thread,
+    bench_peer=True)  # users compare against it: faster than ONNX Runtime on some actors (issue 33)

@@ -15,7 +15,8 @@ Candidates, per network:
 - for a MODEL_DIR compiled from an SB3 zip, its actor: `sb3 predict`, SB3's own
   `model.predict(obs, deterministic=True)` on the zip the recipe names.
 The protocol set (`protocol=True`, scripts/bench.py) keeps what its ratios need: `rlopt auto`, eager, both
-ONNX Runtime sessions and an A/A twin of each (the same session in another process: the run's noise), and
+ONNX Runtime sessions, each verified backend that is a peer users compare against (`Backend.bench_peer`, named
+PEER_PREFIX + backend), an A/A twin of each of those (the same session in another process: the run's noise), and
 `sb3 predict`.
 Torch candidates get torch tensors made once per shape (`torch.from_numpy`, no copy), ONNX Runtime
 candidates numpy arrays: each is called the way its users call it.
@@ -76,7 +77,8 @@ class OpenCandidate:
     source: str | None = None  # where the eager module came from
 
 
-AA_SUFFIX = " (A/A)"  # the twin of an ONNX Runtime session: same spec, another process
+AA_SUFFIX = " (A/A)"  # the twin of a peer's session: same spec, another process
+PEER_PREFIX = "peer "  # a verified backend the protocol judges `auto` against besides ONNX Runtime's sessions
 
 
 def is_yardstick(spec: CandidateSpec) -> bool:
@@ -124,6 +126,8 @@ def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: P
                                                               "'sb3 predict'"))
     if not protocol:
         specs += _torch_baselines(record, torch_compile, common, skipped)
+    if protocol:
+        specs += _peers(record, common)
     if "model.onnx" not in record.files:
         skipped.append(Skip(candidate="onnxruntime sessions", reason="manifest.json lists no model.onnx"))
         return specs
@@ -134,6 +138,20 @@ def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: P
         if protocol:
             specs.append(CandidateSpec(label + AA_SUFFIX, "baseline", note + ", another process", "onnx session",
                                        threads=threads, **common))
+    return specs
+
+
+def _peers(record: NetworkRecord, common: dict[str, Any]) -> list[CandidateSpec]:
+    """Each verified backend runnable here that is a peer users compare against (`Backend.bench_peer`), and its twin."""
+    from rlopt.backends import BACKENDS
+
+    specs = []
+    for backend, artifact in record.artifacts.items():
+        if BACKENDS[backend].bench_peer and artifact.verified and unavailable_reason(backend, artifact.facts) is None:
+            note = f"rlopt.load(..., backend='{backend}').run: a peer users compare against"
+            for suffix in ("", AA_SUFFIX):
+                specs.append(CandidateSpec(PEER_PREFIX + backend + suffix, "baseline", note, "rlopt", backend=backend,
+                                           **common))
     return specs
 
 
@@ -364,6 +382,7 @@ def count_gflop(module: Any, input_names: list[str], feeds: dict[str, np.ndarray
 
 __all__ = [
     "AA_SUFFIX",
+    "PEER_PREFIX",
     "CandidateKind",
     "OPENERS",
     "Call",

@@ -1,11 +1,12 @@
 """The benchmark protocol's arithmetic (scripts/bench.py): paired per-round ratios, the A/A noise, the spread over
 runs and the per-row verdict. Pure functions over `rlopt bench` reports' per-round block medians.
 
-Per shape, in one run: ONNX Runtime's best is the faster (median over rounds) of its 1- and all-thread
-sessions; a ratio X / Y is the median over rounds of X's block median / Y's block median in the same round, so
-drift that hits a whole round cancels; the A/A ratio is that of the best session's twin (the same session in
-another process) to the session itself, and its noise is max(A/A, 1 / A/A).
-Over R runs, a row passes when auto / ORT best <= TOLERANCE x that run's A/A noise in at least
+Per shape, in one run: the peers' best is the fastest (median over rounds) of ONNX Runtime's 1- and all-thread
+sessions and any peer backend benched (`Backend.bench_peer`, candidates.PEER_PREFIX); a ratio X / Y is the
+median over rounds of X's block median / Y's block median in the same round, so drift that hits a whole round
+cancels; the A/A ratio is that of the best session's twin (the same session in another process) to the session
+itself, and its noise is max(A/A, 1 / A/A).
+Over R runs, a row passes when auto / the peers' best <= TOLERANCE x that run's A/A noise in at least
 ceil(2R/3) runs and never exceeds CEILING.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlopt.tools.bench.candidates import AA_SUFFIX
+from rlopt.tools.bench.candidates import AA_SUFFIX, PEER_PREFIX
 
 AUTO = "rlopt auto"
 EAGER = "pytorch eager"
@@ -40,10 +41,25 @@ def ort_sessions(rounds: Mapping[str, Sequence[float]]) -> list[str]:
     return [name for name in rounds if name.startswith("onnxruntime ") and not name.endswith(AA_SUFFIX)]
 
 
+def peer_sessions(rounds: Mapping[str, Sequence[float]]) -> list[str]:
+    """ONNX Runtime's plain sessions and the peer backends benched, not their twins."""
+    return ort_sessions(rounds) + [name for name in rounds if name.startswith(PEER_PREFIX) and
+                                   not name.endswith(AA_SUFFIX)]
+
+
+def _fastest(rounds: Mapping[str, Sequence[float]], names: list[str]) -> str | None:
+    sessions = [name for name in names if len(rounds[name])]
+    return min(sessions, key=lambda name: float(np.median(rounds[name]))) if sessions else None
+
+
 def ort_best(rounds: Mapping[str, Sequence[float]]) -> str | None:
     """The ONNX Runtime session with the lowest median over rounds."""
-    sessions = [name for name in ort_sessions(rounds) if len(rounds[name])]
-    return min(sessions, key=lambda name: float(np.median(rounds[name]))) if sessions else None
+    return _fastest(rounds, ort_sessions(rounds))
+
+
+def peer_best(rounds: Mapping[str, Sequence[float]]) -> str | None:
+    """The peer session (`peer_sessions`) with the lowest median over rounds."""
+    return _fastest(rounds, peer_sessions(rounds))
 
 
 def aa_noise(aa_ratio: float) -> float:
@@ -53,23 +69,23 @@ def aa_noise(aa_ratio: float) -> float:
 
 @dataclass(frozen=True)
 class ShapeRatios:
-    """One shape in one run: every ratio is to ONNX Runtime's best, paired by round; None where absent."""
+    """One shape in one run: every ratio is to the peers' best, paired by round; None where absent."""
 
-    ort_best: str
-    ort_best_us: float
+    peer_best: str
+    peer_best_us: float
     auto: float | None
     aa: float | None
     eager: float | None
     sb3: float | None
 
     def to_json(self) -> dict[str, float | str | None]:
-        return {"ort_best": self.ort_best, "ort_best_us": self.ort_best_us, "auto": self.auto, "aa": self.aa,
+        return {"peer_best": self.peer_best, "peer_best_us": self.peer_best_us, "auto": self.auto, "aa": self.aa,
                 "eager": self.eager, "sb3": self.sb3}
 
 
 def shape_ratios(rounds: Mapping[str, Sequence[float]]) -> ShapeRatios | None:
-    """The protocol's ratios at one shape from its per-round medians; None without an ONNX Runtime session."""
-    best = ort_best(rounds)
+    """The protocol's ratios at one shape from its per-round medians; None without a peer session."""
+    best = peer_best(rounds)
     if best is None:
         return None
 
@@ -129,6 +145,8 @@ __all__ = [
     "aa_noise",
     "ort_best",
     "ort_sessions",
+    "peer_best",
+    "peer_sessions",
     "paired_ratio",
     "shape_ratios",
     "spread",
