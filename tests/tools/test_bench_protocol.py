@@ -9,7 +9,7 @@ import pytest
 
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench import Skip, run_bench
-from rlopt.tools.bench.candidates import AA_SUFFIX, OPENERS, CandidateKind, candidate_specs
+from rlopt.tools.bench.candidates import AA_SUFFIX, OPENERS, PEER_PREFIX, CandidateKind, candidate_specs
 from rlopt.tools.bench.protocol import aa_noise, ort_best, paired_ratio, peer_best, shape_ratios, spread, verdict
 from tests.tools.common import CORES, ORT_BASELINES
 
@@ -99,3 +99,24 @@ def test_a_protocol_bench_records_every_round_of_every_candidate(tiny_compiled: 
         assert all(len(v) == 4 and min(v) > 0 for v in shape.round_medians_us.values())
         ratios = shape_ratios(shape.round_medians_us)
         assert ratios is not None and ratios.auto is not None and ratios.aa is not None and ratios.sb3 is None
+
+
+def test_a_verified_peer_backend_joins_the_protocol_set_with_its_twin(tiny_compiled: Path) -> None:
+    """A backend declared `bench_peer` (OpenVINO) is benched beside ONNX Runtime's sessions where it is verified."""
+    from rlopt.backends import BACKENDS
+    from rlopt.manifest import BackendRecord
+    from rlopt.parity import Parity
+
+    peer = next((name for name, backend in BACKENDS.items() if backend.bench_peer), None)
+    if peer is None or BACKENDS[peer].unavailable(BACKENDS[peer].facts()) is not None:
+        pytest.skip("no peer backend runs here")
+    manifest = read_manifest(tiny_compiled)
+    record = manifest.networks["policy"]
+    passed = Parity(passed=True, max_abs=0.0, max_rel=0.0, compared=1, shapes=[], outputs=[])
+    artifacts = {**record.artifacts, peer: BackendRecord(path="policy/model.xml", parity=passed,
+                                                         facts=BACKENDS[peer].facts())}
+    manifest.networks["policy"] = record.model_copy(update={"artifacts": artifacts})
+    specs = candidate_specs(tiny_compiled, manifest, "policy", None, True, CORES, [], protocol=True)
+    peers = [spec for spec in specs if spec.name.startswith(PEER_PREFIX)]
+    assert [spec.name for spec in peers] == [PEER_PREFIX + peer, PEER_PREFIX + peer + AA_SUFFIX]
+    assert all(spec.kind == "rlopt" and spec.backend == peer for spec in peers)
