@@ -82,7 +82,7 @@ class Script(Stage):
 
 class RecordReference(Stage):
     name, inputs, outputs, cached = "reference", ("module",), ("reference.npz",), True
-    helpers = ("rlopt.reference", "rlopt.compile.sources")
+    helpers = ("rlopt.reference", "rlopt.compile.sources", "rlopt.backends.base")
 
     def config(self, ctx: Context) -> Any:
         verify = ctx.recipe.verify

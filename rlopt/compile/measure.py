@@ -50,11 +50,23 @@ def _time_variant(base: BackendRecord, variant: str, infer: Callable[[dict[str, 
         base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(at_opt["opt"].p50_us, 2)}
 
 
+def backend_packages_modules() -> tuple[str, ...]:
+    """Every module of every registered backend's package: the gate opens runners by name (`Backend.runner`), so
+    none of their code is named in the verify stage's source."""
+    import pkgutil
+    from importlib import import_module
+
+    packages = {b.runner.partition(":")[0].rpartition(".")[0] for b in BACKENDS.values()}
+    return tuple(sorted(f"{p}.{m.name}" for p in packages for m in pkgutil.iter_modules(import_module(p).__path__)))
+
+
 class VerifyBackend(Stage):
     """Parity and latency of one built backend; reused from the cache when artifact, reference and gate are unchanged."""
 
     name, inputs, cached, machine_dependent = "verify", ("reference.npz",), True, True
-    helpers = ("rlopt.verify", "rlopt.parity")  # the gate: a changed gate re-runs, not a cached verdict
+    # the gate, the timing and every runner: a changed one re-runs, not a cached verdict or latency
+    helpers = ("rlopt.verify", "rlopt.parity", "rlopt.timing", "rlopt.reference", "rlopt.facts", "rlopt.runtime.routes",
+               "rlopt.backends", "rlopt.backends.base", *backend_packages_modules())
 
     def __init__(self, backend: str, output: StageOutput, tol: Tolerance) -> None:
         self.backend, self.output, self.tol = backend, output, tol
