@@ -59,10 +59,26 @@ def make_runner(rpc: RpcSpec | None) -> Any:
 
 
 def stop_workers(runner: Any) -> None:
-    """The local runner's measuring process outlives the tune otherwise (TVM frees the runner only at exit)."""
+    """End the runner's worker processes (`tvm.exec.popen_worker`) for good: TVM frees the runner only at exit.
+
+    The pool's own `shutdown(wait=False)` kills the workers it has, but a measurement still queued (the RPC runner
+    queues a whole batch; a spent budget or Ctrl-C leaves some) then starts a fresh worker on its thread, which
+    nothing ever stops. So: cancel what is queued, kill the workers (a running measurement ends with its worker),
+    join the pool's threads, and kill any worker a thread started meanwhile."""
     pool = getattr(runner, "pool", None)
-    if pool is not None:
-        pool.shutdown(wait=False)
+    if pool is None:
+        return
+    threads = getattr(pool, "_threadpool", None)
+    if threads is not None:
+        threads.shutdown(wait=False, cancel_futures=True)
+    workers = lambda: list(getattr(pool, "_worker_map", {}).values())  # noqa: E731
+    for worker in workers():  # SIGKILL only: a thread waiting on its worker sees the pipe close and returns
+        process = getattr(worker, "_proc", None)
+        if process is not None and process.poll() is None:
+            process.kill()
+    pool.shutdown(wait=True)  # closes the pipes, reaps the workers, joins the threads
+    for worker in workers():  # the threads are joined: nothing races this
+        worker.kill()
 
 
 __all__ = ["RpcSpec", "make_builder", "make_runner", "stop_workers"]
