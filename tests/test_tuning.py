@@ -131,6 +131,29 @@ def test_static_import_has_no_if_and_tasks_come_from_fused_kernels(policy_onnx: 
     assert dynamic_if, "the dynamic module keeps the branch"
 
 
+def test_a_kernel_the_flop_estimator_refuses_is_listed_as_untuned(policy_onnx: onnx.ModelProto,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import tvm
+    from tvm.s_tir import analysis
+
+    from rlopt.backends.tvm.build import kernel_split
+    from rlopt.backends.tvm.importer import import_relax
+
+    mod, _ = import_relax(policy_onnx, tvm.target.Target({"kind": "llvm", "num-cores": 1}), {"input0": [1, 1, 32]})
+    tuned, untuned = kernel_split(mod)
+    assert tuned == [] and len(untuned) == 3 and all(k.startswith("fused_matmul") for k in untuned), untuned
+    refused = untuned[0]
+    estimate = analysis.estimate_tir_flops
+
+    def refusing(module: tvm.IRModule) -> float:
+        if module["main"].same_as(mod[refused]):
+            raise tvm.error.TVMError("cannot estimate")
+        return estimate(module)
+
+    monkeypatch.setattr(analysis, "estimate_tir_flops", refusing)
+    assert kernel_split(mod) == ([], untuned), "a kernel without an estimate still ran untuned"
+
+
 def test_import_prep_drops_dead_nodes_and_pretransposes_gemm_weights_exactly(policy_onnx: onnx.ModelProto) -> None:
     from rlopt.backends.tvm.importer import (drop_dead_nodes, fold_static_ifs, pretranspose_gemm_weights,
                                          tensorize_shape_comparisons)
