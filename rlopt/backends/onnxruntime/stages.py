@@ -21,7 +21,7 @@ class OnnxRuntimeCheck(Stage):
 
         source: Path = ctx.artifacts[ctx.onnx_for("onnxruntime")]
         if ctx.spec.precision != "int8":
-            return check_onnxruntime(source, ctx.recipe.onnxruntime)
+            return check_onnxruntime(source, ctx.recipe.onnxruntime, recipe_path=ctx.recipe_path, network=ctx.name)
         from rlopt.backends.onnxruntime.quantize import quantize_int8
         from rlopt.compile.gpu_path import tolerance_for
 
@@ -30,5 +30,6 @@ class OnnxRuntimeCheck(Stage):
                                   gate=tolerance_for({"precision_built": "int8"}, ctx.recipe.verify),
                                   recipe_path=ctx.recipe_path, network=ctx.name)
         assert quantized.artifact is not None
-        return StageOutput(quantized.artifact, {**check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime).facts,
-                                                **quantized.facts})
+        checked = check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime, recipe_path=ctx.recipe_path,
+                                    network=ctx.name)
+        return StageOutput(quantized.artifact, {**checked.facts, **quantized.facts})

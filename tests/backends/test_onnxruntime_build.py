@@ -1,0 +1,36 @@
+"""ONNX Runtime's compile check: a file it cannot open is that backend's build failure in one line, not exit 3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from rlopt.backends.onnxruntime.build import check_onnxruntime
+from rlopt.errors import StageError
+from rlopt.recipe import OnnxRuntimeConfig
+
+
+def _model(path: Path, op_type: str) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node(op_type, ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_graph_onnx_runtime_opens_is_checked(tmp_path: Path) -> None:
+    out = check_onnxruntime(_model(tmp_path / "model.onnx", "Relu"), OnnxRuntimeConfig())
+    assert out.facts["providers"] == ["CPUExecutionProvider"] and out.facts["onnxruntime"]
+
+
+def test_a_graph_onnx_runtime_cannot_open_is_a_one_line_build_failure(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    with pytest.raises(StageError) as raised:
+        check_onnxruntime(_model(tmp_path / "model.onnx", "NoSuchOp"), OnnxRuntimeConfig(), recipe_path=recipe,
+                          network="policy")
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{recipe}: networks.policy: ONNX Runtime ")
+    assert "cannot open model.onnx" in message and "NoSuchOp" in message and "fix: " in message
