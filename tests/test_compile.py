@@ -85,6 +85,42 @@ def test_verify_passes_then_names_each_flipped_file(tiny_copy: Path) -> None:
     assert verify_model_dir(tiny_copy).passed
 
 
+def test_verify_names_the_artifact_whose_backend_raises(tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend raising on the recorded inputs (TVM's dynamic library here) or refusing to open a file whose sha256
+    matched is a failed verification naming the artifact, not an internal error (exit 3)."""
+    from rlopt.backends.onnxruntime.runner import OnnxRuntimeRunner
+    from rlopt.backends.tvm.runner import TvmRunner
+
+    def raising(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        raise RuntimeError("kernel crashed")
+
+    monkeypatch.setattr(TvmRunner, "parity_variants", lambda self: {"dynamic": raising})
+    monkeypatch.setattr(OnnxRuntimeRunner, "__init__", lambda self, *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no such provider")))
+    report = verify_model_dir(tiny_compiled)
+    failed = {(f.network, f.subject): f.detail for f in report.findings if not f.ok}
+    assert failed[("policy", "tvm")] == "policy/tvm-llvm.so (dynamic): running the artifact raised RuntimeError: " \
+        "kernel crashed"
+    assert failed[("policy", "onnxruntime")] == "policy/model.onnx: opening it raised RuntimeError: no such provider"
+    assert len(failed) == 4 and not report.passed, failed
+
+
+def test_compile_fails_verification_naming_an_artifact_its_backend_cannot_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.backends.onnxruntime.runner import OnnxRuntimeRunner
+    from rlopt.compile.cache import StageCache
+
+    monkeypatch.setattr(OnnxRuntimeRunner, "__init__", lambda self, *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no such provider")))
+    from rlopt.compile import compile_recipe
+
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    result = compile_recipe(recipe, tmp_path / "out", cache=StageCache(tmp_path / "cache", enabled=False))
+    assert result.failures == [line for n in ("policy", "value") for line in (
+        f"{n}/onnxruntime: {n}/model.onnx: opening it raised RuntimeError: no such provider",
+        f"{n}: no backend was built and verified")]
+
+
 def test_flipped_artifact_is_never_loaded(tiny_copy: Path) -> None:
     path = tiny_copy / "policy" / "tvm-llvm.so"
     data = bytearray(path.read_bytes())

@@ -17,7 +17,7 @@ from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_
 from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
 from rlopt.compile.stage import Context, Stage, StageOutput
-from rlopt.errors import BackendUnavailable, first_line
+from rlopt.errors import BackendUnavailable, describe_exception, first_line
 from rlopt.machine import OtherLoad, usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
 from rlopt.parity import Tolerance
@@ -110,6 +110,9 @@ class VerifyBackend(Stage):
         except BackendUnavailable as exc:
             base.facts.update({"verified": False, "not_verified": str(exc)})
             return base, None
+        except Exception as exc:  # the library refused the artifact it just built: a failed verification, named
+            base.facts["verify_error"] = f"opening it raised {describe_exception(exc)}"
+            return base, f"{ctx.name}/{backend}: {record.path}: {base.facts['verify_error']}"
         try:
             gate = gate_runner(runner, reference, spec.kind, spec.distribution, tol, variant_samples=VARIANT_SAMPLES,
                                facts=base.facts)

@@ -129,6 +129,15 @@ def test_a_required_path_that_fails_fails_the_gate_with_its_parity() -> None:
     assert result.variant_parity["dynamic"]["passed"] is False
 
 
+def test_a_required_path_that_raises_fails_the_gate_naming_it() -> None:
+    runner = StandIn(required={"dynamic": _raises})
+    result = gate_runner(runner, _reference(), "value", "categorical", TOL, variant_samples=4)
+    assert not result.passed and result.failed_variant == "dynamic" and result.error == "RuntimeError: boom"
+    assert result.failure("policy/tvm-llvm.so") == "policy/tvm-llvm.so (dynamic): running the artifact raised " \
+        "RuntimeError: boom"
+    assert result.variant_parity["dynamic"] == {"passed": False, "error": "RuntimeError: boom"}
+
+
 def test_the_main_path_failing_or_raising_stops_the_gate_before_any_variant() -> None:
     failing = StandIn(main=_off, required={"dynamic": _exact}, tricks={"padded": _exact})
     result = gate_runner(failing, _reference(), "value", "categorical", TOL, variant_samples=4)
