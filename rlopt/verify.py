@@ -18,7 +18,7 @@ from rlopt.backends.base import Infer, Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, describe_exception
 from rlopt.facts import ArtifactFacts, Facts
 from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read_manifest
-from rlopt.parity import Tolerance, run_parity
+from rlopt.parity import Tolerance, failure_reasons, run_parity
 from rlopt.reference import Reference, one_torch_thread
 from rlopt.runtime import open_artifact
 from rlopt.runtime.routes import unbucketed_variant
@@ -61,7 +61,7 @@ class GateResult:
             return f"{subject}{variant}: running the artifact raised {self.error}"
         if self.parity is None or self.parity.passed:
             return None
-        return f"{subject}{variant}: parity failed (max_abs {self.parity.max_abs:.3g})"
+        return f"{subject}{variant}: parity failed: {failure_reasons(self.parity)}"
 
 
 def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance, *,
@@ -229,6 +229,8 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
                 continue
             parity = result.parity
             assert parity is not None  # set whenever the runner did not raise
-            detail = f"parity ok over {parity.compared} samples" if parity.passed else "parity FAILED"
+            variant = f" ({result.failed_variant})" if result.failed_variant else ""
+            detail = f"parity ok over {parity.compared} samples" if parity.passed else \
+                f"parity FAILED{variant}: {failure_reasons(parity)}"
             report.findings.append(Finding(name, backend, parity.passed, detail, parity))
     return report

@@ -121,6 +121,42 @@ def test_compile_fails_verification_naming_an_artifact_its_backend_cannot_open(
         f"{n}: no backend was built and verified")]
 
 
+def test_a_nan_weight_fails_compile_and_verify_saying_nan_and_naming_the_output(tmp_path: Path) -> None:
+    """Contract section 7: a NaN in the reference fails, naming the output; verify says so too, not only 'FAIL'."""
+    import torch
+
+    from rlopt.compile import compile_recipe
+    from tests.refit.conftest import tiny_model
+
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    state = tiny_model(tmp_path).state_dict()
+    state["policy.fc1.weight"][0, 0] = float("nan")
+    torch.save(state, tmp_path / "nan.pt")
+    recipe.write_text(recipe.read_text().replace("  seed: 3\n", "  checkpoint: nan.pt\n"))
+    result = compile_recipe(recipe, tmp_path / "out")
+    nan = "parity failed: PyTorch's output 'logits' holds NaN at (0, 0, 0, 0) (min, first index = sample)"
+    assert f"policy/onnxruntime: {nan}: nothing to compare against" in result.failures, result.failures
+    proc = run_rlopt("verify", str(tmp_path / "out"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "policy/onnxruntime: parity FAILED: PyTorch's output 'logits' holds NaN at" in proc.stderr, proc.stderr
+
+
+def test_verify_says_nan_where_a_backend_gives_nan(tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.backends.onnxruntime.runner import OnnxRuntimeRunner
+
+    infer = OnnxRuntimeRunner.infer
+
+    def with_nan(self: OnnxRuntimeRunner, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = [np.array(o, copy=True) for o in infer(self, feeds)]
+        outputs[0].flat[0] = np.nan
+        return outputs
+
+    monkeypatch.setattr(OnnxRuntimeRunner, "infer", with_nan)
+    failed = {(f.network, f.subject): f.detail for f in verify_model_dir(tiny_compiled).findings if not f.ok}
+    assert failed[("value", "onnxruntime")].startswith(
+        "parity FAILED: output 'value' is NaN at (0, 0, 0, 0) where PyTorch gives a number"), failed
+
+
 def test_flipped_artifact_is_never_loaded(tiny_copy: Path) -> None:
     path = tiny_copy / "policy" / "tvm-llvm.so"
     data = bytearray(path.read_bytes())

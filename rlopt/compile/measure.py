@@ -123,9 +123,7 @@ class VerifyBackend(Stage):
                 base.facts["verify_error"] = gate.error
             failure = gate.failure(f"{ctx.name}/{backend}")
             if failure is not None:
-                reason = next((o.reason for o in gate.parity.outputs if not o.passed and o.reason), "") \
-                    if gate.parity is not None else ""
-                return base, failure + (f": {reason}" if reason else "")
+                return base, failure
             if gate.serving is not None and gate.serving_infer is not None:
                 _time_variant(base, gate.serving, gate.serving_infer, reference)
             base.latency_us = {
