@@ -6,9 +6,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.markup import escape
 
 from rlopt.backends.tvm.tuning import Task, TuneResult
+from rlopt.render.fit import FittedTable
 
 
 def _best(task: Task) -> str:
@@ -49,12 +50,15 @@ class TuneProgress:
             self._console.print("[yellow]time budget spent: tuning stopped; the next run resumes it[/]")
 
 
-def result_table(result: TuneResult) -> Table:
-    table = Table(title=f"tuned into {result.database} ({result.cost_model} cost model, {result.seconds:.0f} s)")
-    for column in ("kernel", "workloads", "trials", "best"):
-        table.add_column(column, overflow="fold")
+def result_table(result: TuneResult) -> FittedTable:
+    table = FittedTable(f"tuned into {escape(str(result.database))} ({result.cost_model} cost model, "
+                        f"{result.seconds:.0f} s)")
+    table.add_column("kernel")
+    table.add_column("workloads", detail=True)
+    table.add_column("trials", justify="right")
+    table.add_column("best", justify="right")
     for task in result.tasks:
-        table.add_row(task.name, ", ".join(task.workloads), str(task.done), _best(task))
+        table.add_row(escape(task.name), escape(", ".join(task.workloads)), str(task.done), _best(task))
     for task in result.skipped:
-        table.add_row(task.name, ", ".join(task.workloads), f"{task.records} (already tuned)", "-")
+        table.add_row(escape(task.name), escape(", ".join(task.workloads)), f"{task.records} (already tuned)", "-")
     return table
