@@ -60,6 +60,16 @@ class VariantParity(Facts):
     error: str | None = None
 
 
+class GpuIdentity(Facts):
+    """The GPU an artifact was built and verified on (rlopt.machine.gpu_identity); `rlopt inspect` shows it."""
+
+    name: str | None = None
+    compute_capability: str | None = None
+    driver: str | None = None
+    cuda_runtime: str | None = Field(None, description="the CUDA runtime of torch's build")
+    tensorrt: str | None = None
+
+
 class ArtifactFacts(Facts):
     """Facts every backend's artifact may carry; a backend's own model extends this."""
 
@@ -69,6 +79,7 @@ class ArtifactFacts(Facts):
     notice: str | None = Field(None, description="one line for the user (e.g. a precision not applied)")
     precision_built: str | None = Field(None, description="the precision the artifact was built in (fp32 when absent)")
     parity_gate: ParityGate | None = Field(None, description="reduced-precision tolerances this artifact was gated by")
+    gpu: GpuIdentity | None = Field(None, description="the GPU a GPU artifact was built and verified on")
     variant_parity: dict[str, VariantParity] = Field(
         default_factory=dict, description="per code path (TVM's dynamic, padded): the parity gate's verdict")
     variant_latency_us: dict[str, dict[str, float]] = Field(
@@ -100,6 +111,7 @@ class TensorRTPlanFacts(Facts):
     builder_optimization_level: int | None = None
     timing_cache: str | None = None
     time_budget_s: float | None = None
+    tf32: bool | None = Field(None, description="whether fp32 layers may run in TF32 (tensorrt.tf32)")
 
 
 class PadGemmFacts(Facts):

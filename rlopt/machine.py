@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -105,6 +107,92 @@ def gpu_absent_reason() -> str | None:
     return None
 
 
+def torch_cuda_build() -> str | None:
+    """The CUDA version torch was built for ('12.8'), None for a CPU build or without torch: read from
+    torch/version.py, so torch is not imported (torch.version.cuda where it already is)."""
+    import sys
+
+    loaded = sys.modules.get("torch")
+    if loaded is not None and getattr(loaded, "version", None) is not None:
+        return getattr(loaded.version, "cuda", None)
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    import ast
+
+    for folder in spec.submodule_search_locations:
+        try:
+            tree = ast.parse((Path(folder) / "version.py").read_text())
+        except (OSError, SyntaxError):
+            continue
+        for node in tree.body:
+            target = node.target if isinstance(node, ast.AnnAssign) else \
+                (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+                return node.value.value if isinstance(node.value.value, str) else None
+    return None
+
+
+def cuda_torch_absent_reason() -> str | None:
+    """None when an NVIDIA GPU is visible and torch is a CUDA build, else why not (nothing imported)."""
+    reason = gpu_absent_reason()
+    if reason is not None:
+        return reason
+    if torch_cuda_build() is None:
+        return "this torch is a CPU build (install a CUDA build of torch on the GPU machine)"
+    return None
+
+
+def _nvidia_smi_query() -> list[str] | None:
+    """name, compute capability and driver of the first visible GPU, from nvidia-smi; None where it cannot say."""
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    try:
+        done = subprocess.run([smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader",
+                               "-i", visible or "0"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    line = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
+    fields = [field.strip() for field in line.split(",")]
+    return fields if len(fields) == 3 else None
+
+
+def _proc_driver_query() -> list[str | None] | None:
+    """name and driver from /proc/driver/nvidia (no compute capability there); None without the driver."""
+    root = Path("/proc/driver/nvidia")
+    try:
+        driver = re.search(r"Kernel Module\s+(\S+)", (root / "version").read_text())
+        info = next(iter(sorted((root / "gpus").glob("*/information"))), None)
+        name = re.search(r"Model:\s*(.+)", info.read_text()) if info is not None else None
+    except OSError:
+        return None
+    return [name.group(1).strip() if name else None, None, driver.group(1) if driver else None]
+
+
+@lru_cache(maxsize=1)
+def gpu_identity() -> dict[str, str | None] | None:
+    """The GPU that GPU artifacts are built and verified on, None without one: name, compute capability, driver,
+    the CUDA runtime of torch's build and the TensorRT version (whichever distribution provides `tensorrt`). It
+    joins the cache key of machine-dependent stages and the facts of GPU artifacts: a plan or a verdict from
+    another GPU, driver or TensorRT is never reused. Read once per process, without CUDA libraries."""
+    if gpu_absent_reason() is not None:
+        return None
+    from rlopt.lazy import module_version
+
+    name, capability, driver = _nvidia_smi_query() or _proc_driver_query() or [None, None, None]
+    return {"name": name, "compute_capability": capability, "driver": driver, "cuda_runtime": torch_cuda_build(),
+            "tensorrt": module_version("tensorrt")}
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -132,4 +220,4 @@ def cpu_identity() -> str:
 
 def machine_facts() -> dict[str, Any]:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "gpu": gpu_absent_reason() is None}
+            "python": platform.python_version(), "gpu": gpu_absent_reason() is None, "gpu_identity": gpu_identity()}

@@ -13,11 +13,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlopt.backends import BACKENDS as REGISTERED_BACKENDS
+from rlopt.backends import DEFAULT_BACKENDS
+from rlopt.backends.torchscript.config import TorchScriptConfig
 from rlopt.errors import RecipeError, explain_validation_error, located
 from rlopt.yaml_file import load_yaml_mapping
 from rlopt.manifest import shape_label
 
-BACKENDS: tuple[str, ...] = tuple(REGISTERED_BACKENDS)  # in registry order: the default `backends` list
+BACKENDS: tuple[str, ...] = tuple(REGISTERED_BACKENDS)  # in registry order: every name `backends` may list
 DTYPES: tuple[str, ...] = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
 INTEGER_DTYPES: tuple[str, ...] = ("int64", "int32", "uint8")
 NAME_PATTERN = r"^[a-z0-9_-]+$"
@@ -256,6 +258,8 @@ class TvmConfig(_Strict):
 
 class TensorRTConfig(_Strict):
     precision: Precision = "fp32"
+    # TensorRT lets fp32 layers run in TF32 unless told not to; true allows it (recorded, gated like reduced precision)
+    tf32: bool = False
     refittable: bool = False
     workspace_mb: int = Field(default=1024, gt=0)
     builder_optimization_level: int = Field(default=3, ge=0, le=5)
@@ -268,6 +272,8 @@ class OnnxConfig(_Strict):
 
 class OnnxRuntimeConfig(_Strict):
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"])
+    # the CUDA provider's use_tf32 (on by default in ONNX Runtime): false keeps fp32 exact, true allows TF32
+    tf32: bool = False
 
 
 class ReducedPrecisionTolerance(_Strict):
@@ -299,12 +305,13 @@ class Recipe(_Strict):
     name: str = Field(pattern=NAME_PATTERN)
     model: ModelSpec
     networks: dict[str, NetworkSpec]
-    backends: list[Backend] = Field(default_factory=lambda: list(BACKENDS))
+    backends: list[Backend] = Field(default_factory=lambda: list(DEFAULT_BACKENDS))
     pad_gemm: int | Literal["auto"] = "auto"
     # Also pad layers whose N cannot pass its padding on (the output head, a LayerNorm input) and slice back.
     pad_gemm_outputs: bool = False
     onnx: OnnxConfig = Field(default_factory=OnnxConfig)
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    torchscript: TorchScriptConfig = Field(default_factory=TorchScriptConfig)
     tvm: TvmConfig = Field(default_factory=TvmConfig)
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)

@@ -137,13 +137,15 @@ def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, to
 
 @dataclass
 class Finding:
-    """One line of a verify report: a file or a (network, backend) pair, and what was found."""
+    """One line of a verify report: a file or a (network, backend) pair, and what was found. `unverified`: an
+    artifact this machine cannot run (its sha256 checked, its parity not): ok, except under `--strict`."""
 
     network: str
     subject: str
     ok: bool
     detail: str
     parity: Parity | None = None
+    unverified: bool = False
 
 
 @dataclass
@@ -155,9 +157,16 @@ class VerifyReport:
     def passed(self) -> bool:
         return bool(self.findings) and all(f.ok for f in self.findings)
 
+    @property
+    def unverified(self) -> list[Finding]:
+        """Artifacts this machine could not check (contract section 7: they fail only `rlopt verify --strict`)."""
+        return [f for f in self.findings if f.unverified]
+
     def as_json(self) -> dict[str, Any]:
         return {"model_dir": str(self.model_dir), "passed": self.passed,
+                "unverified": [f"{f.network}/{f.subject}" for f in self.unverified],
                 "findings": [{"network": f.network, "subject": f.subject, "ok": f.ok, "detail": f.detail,
+                              "unverified": f.unverified,
                               "parity": f.parity.model_dump(mode="json") if f.parity else None}
                              for f in self.findings]}
 
@@ -199,7 +208,7 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
             facts = facts_of(backend, artifact.facts)
             reason = unavailable_reason(backend, facts)
             if reason is not None:
-                report.findings.append(Finding(name, backend, True, f"sha256 ok; parity not re-run here: {reason}"))
+                report.findings.append(Finding(name, backend, True, f"unverified here: {reason}", unverified=True))
                 continue
             if not reference_ok:
                 report.findings.append(Finding(name, backend, False, "parity not re-run: reference.npz is corrupt"))
@@ -208,7 +217,10 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
                                        network.outputs)
             try:
                 runner = open_artifact(model_dir, backend, artifact, list(network.inputs), facts)
-            except (ArtifactError, BackendUnavailable) as exc:
+            except BackendUnavailable as exc:  # the gate passed, yet the library could not start (CUDA, say)
+                report.findings.append(Finding(name, backend, True, f"unverified here: {exc}", unverified=True))
+                continue
+            except ArtifactError as exc:
                 report.findings.append(Finding(name, backend, False, str(exc)))
                 continue
             except Exception as exc:  # the library refused a file whose sha256 matched: it does not run here

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -159,6 +159,23 @@ def tiny_compiled(compiled: CompileFactory) -> Path:
 def tiny_copy(tiny_compiled: Path, tmp_path: Path) -> Path:
     """A private copy of the compiled MODEL_DIR that a test may damage."""
     return copy_model_dir(tiny_compiled, tmp_path)
+
+
+def tensorrt_missing() -> str | None:
+    """Why TensorRT cannot build here; None on a machine with an NVIDIA GPU, TensorRT and a CUDA build of torch. A
+    test expects a TensorRT artifact skipped with this reason, or built and verified, as the machine allows."""
+    from rlopt.backends.tensorrt.gate import unavailable_reason
+
+    return unavailable_reason()
+
+
+def assert_tensorrt_as_this_machine_allows(record: Any) -> None:
+    """A manifest's TensorRT record: skipped with the machine's reason, or (on a GPU machine) built and verified."""
+    reason = tensorrt_missing()
+    if reason is None:
+        assert record.verified and record.path and record.path.endswith("model.plan"), record
+    else:
+        assert record.skipped == reason and record.path is None, record
 
 
 def run_rlopt(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -9,13 +9,14 @@ import json
 import math
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rlopt.manifest import read_manifest
-from tests.conftest import RECIPES, run_rlopt
+from tests.conftest import RECIPES, assert_tensorrt_as_this_machine_allows, run_rlopt
 
 BUNDLED = ["policy_value_heads.yaml", "ppo_mlp.yaml", "atari_cnn.yaml"]
 
@@ -49,7 +50,8 @@ def test_bundled_recipe_loads_builds_and_scripts(recipe: str, tmp_path: Path) ->
     name, outputs = EXPECTED[recipe]
     assert loaded.name == name
     assert {n: spec.outputs for n, spec in loaded.networks.items()} == {n: list(o) for n, o in outputs.items()}
-    assert loaded.backends == ["torchscript", "onnxruntime", "tvm", "tensorrt"]
+    extra = ["openvino"] if recipe == "policy_value_heads.yaml" else []  # the demo shows the optional backend
+    assert loaded.backends == ["torchscript", "onnxruntime", "tvm", "tensorrt", *extra]
     model, built = build_model(loaded.model, path)
     assert built.facts["parameters"] == sum(p.numel() for p in model.parameters()) > 0
     for network, spec in loaded.networks.items():
@@ -135,7 +137,10 @@ def test_bundled_recipe_compiles_verifies_and_loads_fresh(recipe: str, tmp_path:
             record = network.artifacts[backend]
             assert record.verified, (backend, record)
             assert len(record.parity.shapes) == 3, "min, opt and max all checked"
-        assert network.artifacts["tensorrt"].skipped
+        assert_tensorrt_as_this_machine_allows(network.artifacts["tensorrt"])
+        openvino = network.artifacts.get("openvino")
+        if openvino is not None:  # verified where the extra is installed, else skipped saying how to install it
+            assert openvino.verified if find_spec("openvino") else "rlopt[openvino]" in (openvino.skipped or "")
     verify = run_rlopt("verify", str(out), "--json")
     assert verify.returncode == 0 and json.loads(verify.stdout)["passed"]
     fresh = subprocess.run([sys.executable, "-c", FRESH_LOAD, str(out)], capture_output=True, text=True, timeout=300)

@@ -51,3 +51,36 @@ def test_tvm_is_imported_before_torch_and_torch_imports_after() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "False", "6.0", "3.0"]
+
+
+def test_a_torchscript_recipe_compiles_and_runs_without_tvm_tensorrt_or_the_cli(tmp_path) -> None:
+    """A GPU machine with CUDA torch, numpy, onnx and onnxruntime only (scripts/gpu_check.sh's): no apache-tvm, no
+    TensorRT, no typer / rich / matplotlib. The library compiles a torchscript-only recipe, loads it and runs it."""
+    from tests.conftest import write_tiny_recipe
+
+    recipe = write_tiny_recipe(tmp_path, backends="[torchscript]")
+    absent = ("tvm", "tvm_ffi", "tensorrt", "typer", "rich", "matplotlib")
+    code = (f"import sys\nfor name in {absent!r}:\n    sys.modules[name] = None\n"
+            "import numpy as np\nimport rlopt\nfrom rlopt.compile import compile_recipe\n"
+            "from rlopt.compile.cache import StageCache\n"
+            f"result = compile_recipe({str(recipe)!r}, {str(tmp_path / 'out')!r}, cache=StageCache(enabled=False))\n"
+            "assert result.passed, result.failures\n"
+            "with rlopt.load(result.model_dir, 'policy') as session:\n"
+            "    print(session.run({'input0': np.zeros((2, 3, 32), np.float32)})['logits'].shape)\n"
+            f"print(sorted(name for name in {absent!r} if sys.modules.get(name) is not None))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["(2, 3, 5)", "[]"]
+
+
+def test_the_gpu_extra_brings_what_tvm_cuda_needs_at_load() -> None:
+    """TVM-CUDA libraries compile their kernels when they load (NVRTC through cuda-bindings): the `gpu` extra installs
+    both, for the CUDA 12 builds of torch, onnxruntime-gpu and TensorRT."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    gpu = project["optional-dependencies"]["gpu"]
+    tvm_pin = next(d for d in project["dependencies"] if d.startswith("apache-tvm=="))
+    assert f"apache-tvm[cuda]{tvm_pin.removeprefix('apache-tvm')}" in gpu
+    assert any(d.startswith("cuda-bindings") for d in gpu) and any(d.startswith("nvidia-cuda-nvrtc-cu12") for d in gpu)

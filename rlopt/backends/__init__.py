@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from rlopt.backends import onnxruntime, tensorrt, torchscript, tvm
+from rlopt.backends import onnxruntime, openvino, tensorrt, torchscript, tvm
 from rlopt.backends.base import Backend, Runner, module_missing
 from rlopt.errors import BackendUnavailable
 from rlopt.facts import ArtifactFacts
@@ -19,7 +19,11 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     onnxruntime.BACKEND,
     tvm.BACKEND,
     tensorrt.BACKEND,
+    openvino.BACKEND,
 )}
+# What a recipe that omits `backends` builds (contract section 14): a backend registered later joins a recipe only
+# when the recipe names it.
+DEFAULT_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
 
 RunnerFactory = Callable[[Path, list[str], Any], Runner]
 FactsLike = ArtifactFacts | Mapping[str, Any] | None
@@ -87,5 +91,5 @@ def open_runner(backend: str, path: Path, input_names: list[str], facts: FactsLi
     return RUNNERS[backend](path, input_names, typed)
 
 
-__all__ = ["BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "import_before_torch", "open_runner",
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "import_before_torch", "open_runner",
            "unavailable_reason"]

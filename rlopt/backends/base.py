@@ -107,6 +107,8 @@ class Backend:
     `one_thread` takes an artifact's facts (a dict) and returns the facts to open a runner with that computes on its
     calling thread alone, after setting that thread up where the library keeps a pool per thread; refit then gates
     such artifacts side by side, one per core. None: the backend cannot, and refit gates it one network at a time.
+    `triton_config` is the "module:function" path of a function that rewrites the generic Triton ModelConfig (a
+    dict, rlopt.compile.triton.model_config) for a Triton backend with rules of its own; None: the generic one.
     """
 
     name: str
@@ -122,12 +124,16 @@ class Backend:
     runtime_env: tuple[tuple[str, str], ...] = ()
     stall_floor: Callable[[Any], dict[str, float]] | None = None
     one_thread: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    triton_config: str | None = None
 
     def runner_class(self) -> type[Runner]:
         return _load(self.runner)  # type: ignore[no-any-return]
 
     def refit_hook(self) -> RefitHook | None:
         return _load(self.refit) if self.refit else None
+
+    def triton_rules(self) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        return _load(self.triton_config) if self.triton_config else None
 
 
 def _load(path: str) -> Any:

@@ -12,19 +12,25 @@ from rlopt.cli.base import JsonFlag, app, exit_failed, print_json
 
 @app.command("verify")
 def verify_command(model_dir: Annotated[Path, typer.Argument(help="A compiled MODEL_DIR.")],
+                   strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) when an artifact cannot be "
+                                                        "verified on this machine, e.g. a GPU one.")] = False,
                    json_out: JsonFlag = False) -> None:
-    """Re-check the sha256 of every artifact and re-run parity against the recorded reference."""
+    """Re-check the sha256 of every artifact and re-run parity against the recorded reference; an artifact this
+    machine cannot run shows "unverified here: <reason>" and fails only with --strict."""
     from rlopt.render import stdout, verify_table
     from rlopt.verify import verify_model_dir
 
     report = verify_model_dir(model_dir)
     if json_out:
-        print_json(report.as_json())
+        print_json({**report.as_json(), "strict": strict})
     else:
         stdout.print(verify_table(report))
-    if not report.passed:
-        exit_failed([f.detail if f.parity is None else f"{f.network}/{f.subject}: {f.detail}"
-                      for f in report.findings if not f.ok])
+    failures = [f.detail if f.parity is None else f"{f.network}/{f.subject}: {f.detail}"
+                for f in report.findings if not f.ok]
+    if strict:
+        failures += [f"{f.network}/{f.subject}: {f.detail} (--strict)" for f in report.unverified]
+    if failures:
+        exit_failed(failures)
 
 
 @app.command("inspect")
@@ -64,9 +70,21 @@ def inspect_command(model_dir: Annotated[Path, typer.Argument(help="A compiled M
             if serving is not None:
                 stdout.print(f"  {backend}: shapes without their own library: {OTHER_SHAPES[serving]}"
                              + _padding_note(record.facts, serving), markup=False)
+            if record.facts.get("gpu"):
+                stdout.print(f"  {backend}: {gpu_line(record.facts['gpu'])}", markup=False)
             if record.facts.get("notice"):
                 stdout.print(f"  {backend}: [yellow]{record.facts['notice']}[/]")
     stdout.print(summary_table(manifest))
+
+
+def gpu_line(gpu: dict[str, Any]) -> str:
+    """'GPU NVIDIA A10G (compute 8.6), driver 550.54.15, CUDA 12.8, TensorRT 10.13.3.9': where it was built."""
+    parts = [f"driver {gpu['driver']}" if gpu.get("driver") else "",
+             f"CUDA {gpu['cuda_runtime']}" if gpu.get("cuda_runtime") else "",
+             f"TensorRT {gpu['tensorrt']}" if gpu.get("tensorrt") else ""]
+    compute = f" (compute {gpu['compute_capability']})" if gpu.get("compute_capability") else ""
+    return f"GPU {gpu.get('name') or '(name unknown)'}{compute}" + \
+        "".join(f", {part}" for part in parts if part)
 
 
 OTHER_SHAPES = {"padded": "zero-padded into the smallest bigger tuned library", "dynamic": "the dynamic library"}

@@ -3,7 +3,7 @@
 Timing and progress (the Reporter protocol), skips (BackendUnavailable), build failures, and the
 stage cache. A stage's cache key chains like Olive's output ids: its code version (its own module
 and declared helpers, not all of rlopt), its recipe slice, its upstream artifacts' keys, tool
-versions, and this machine's identity only where the stage's output depends on it.
+versions, and this machine's identity (CPU, and GPU where one is) only where the stage's output depends on it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from rlopt import __version__
 from rlopt.compile.cache import StageCache, cache_key
 from rlopt.compile.stage import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, StageError
-from rlopt.lazy import version_of
-from rlopt.machine import cpu_identity
+from rlopt.lazy import module_version, version_of
+from rlopt.machine import cpu_identity, gpu_identity
 
 
 class Reporter(Protocol):
@@ -44,13 +44,15 @@ def tool_versions() -> dict[str, str | None]:
         "onnxruntime": version_of("onnxruntime") or version_of("onnxruntime-gpu"),
         "apache-tvm": version_of("apache-tvm"),
         "apache-tvm-ffi": version_of("apache-tvm-ffi"),
-        "tensorrt": version_of("tensorrt"),
+        "tensorrt": module_version("tensorrt"),  # tensorrt-cu12 / -cu13 installs too
+        "openvino": version_of("openvino"),
         "numpy": version_of("numpy"),
         "pydantic": version_of("pydantic"),
     }
 
 
-CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name != "pydantic"}
+# openvino keys only its own stage (its config): installing the optional extra must not invalidate every stage
+CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name not in ("pydantic", "openvino")}
 
 
 def key_components(stage: Stage, ctx: Context) -> dict[str, Any]:
@@ -63,6 +65,9 @@ def key_components(stage: Stage, ctx: Context) -> dict[str, Any]:
                                   "upstream": upstream, "versions": CACHE_VERSIONS}
     if stage.machine_dependent:
         components["machine"] = cpu_identity()
+        gpu = gpu_identity()
+        if gpu is not None:  # a plan, verdict or latency from another GPU, driver or TensorRT is never reused
+            components["gpu"] = gpu
     return components
 
 

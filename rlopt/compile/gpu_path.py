@@ -15,12 +15,12 @@ from rlopt.backends.tvm.cuda import is_cuda_target
 from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 AUTO_GPU_MULTIPLE = 256  # A10G Tensor Cores; padding costs 1.3-2.2x on CPU (shared notes), so CPU auto = off
-REDUCED_PRECISIONS = ("fp16", "bf16", "int8")
+REDUCED_PRECISIONS = ("fp16", "bf16", "int8", "tf32")  # tf32: fp32 layers with 10-bit mantissas
 
 
 def padding_multiples(recipe: Recipe) -> dict[str, int]:
     """Backend -> pad_gemm multiple (0 = unpadded): an int applies to every ONNX consumer, auto only to GPU targets."""
-    gpu = {"tensorrt": True, "tvm": is_cuda_target(recipe.tvm.target), "onnxruntime": False}
+    gpu = {"tensorrt": True, "tvm": is_cuda_target(recipe.tvm.target), "onnxruntime": False, "openvino": False}
     if recipe.pad_gemm == "auto":
         return {b: (AUTO_GPU_MULTIPLE if on_gpu else 0) for b, on_gpu in gpu.items()}
     return {b: int(recipe.pad_gemm) for b in gpu}
@@ -72,12 +72,15 @@ def precision_record(spec: NetworkSpec, artifacts: dict[str, BackendRecord]) -> 
 def write_triton(staging: Path, recipe_name: str, network: str, artifacts: dict[str, BackendRecord],
                  plan: TensorRTPlan, reference: Reference, spec: NetworkSpec) -> dict[str, FileRecord]:
     """Triton models for every verified backend Triton serves; returns the files to list in the manifest."""
+    from rlopt.backends import facts_of
     from rlopt.compile.triton import PLATFORMS, output_shapes, write_models
 
     servable = {b: staging / r.path for b, r in artifacts.items() if b in PLATFORMS and r.verified and r.path}
     if not servable:
         return {}
+    companions = {b: [staging / ref.path for ref in facts_of(b, artifacts[b].facts).companion_files()]
+                  for b in servable}
     outputs = output_shapes(reference.arrays, reference.output_names)
     dtypes = {name: s.dtype for name, s in spec.inputs.items()}
-    written = write_models(staging / "triton", recipe_name, network, servable, plan, outputs, dtypes)
+    written = write_models(staging / "triton", recipe_name, network, servable, plan, outputs, dtypes, companions)
     return {p.relative_to(staging).as_posix(): file_record(staging, p) for p in written}

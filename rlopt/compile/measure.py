@@ -16,7 +16,7 @@ import numpy as np
 from rlopt.backends import BACKENDS, Runner, facts_of, open_runner, unavailable_reason
 from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.backends.tvm.runner import bucket_files
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.compile.stage import Context, Stage, StageOutput, package_digest
 from rlopt.errors import BackendUnavailable, describe_exception, first_line
 from rlopt.machine import OtherLoad, usable_cores
 from rlopt.manifest import BackendRecord, Latency, NetworkRecord, file_record, sha256_file, shape_label
@@ -50,23 +50,13 @@ def _time_variant(base: BackendRecord, variant: str, infer: Callable[[dict[str, 
         base.facts.setdefault("variant_latency_us", {})[variant] = {"opt": round(at_opt["opt"].p50_us, 2)}
 
 
-def backend_packages_modules() -> tuple[str, ...]:
-    """Every module of every registered backend's package: the gate opens runners by name (`Backend.runner`), so
-    none of their code is named in the verify stage's source."""
-    import pkgutil
-    from importlib import import_module
-
-    packages = {b.runner.partition(":")[0].rpartition(".")[0] for b in BACKENDS.values()}
-    return tuple(sorted(f"{p}.{m.name}" for p in packages for m in pkgutil.iter_modules(import_module(p).__path__)))
-
-
 class VerifyBackend(Stage):
     """Parity and latency of one built backend; reused from the cache when artifact, reference and gate are unchanged."""
 
     name, inputs, cached, machine_dependent = "verify", ("reference.npz",), True, True
-    # the gate, the timing and every runner: a changed one re-runs, not a cached verdict or latency
+    # the gate and the timing (the runner's package is in `config`): a changed one re-runs, not a cached verdict
     helpers = ("rlopt.verify", "rlopt.parity", "rlopt.timing", "rlopt.reference", "rlopt.facts", "rlopt.runtime.routes",
-               "rlopt.backends", "rlopt.backends.base", *backend_packages_modules())
+               "rlopt.backends", "rlopt.backends.base")
 
     def __init__(self, backend: str, output: StageOutput, tol: Tolerance) -> None:
         self.backend, self.output, self.tol = backend, output, tol
@@ -80,7 +70,8 @@ class VerifyBackend(Stage):
         files = [self.output.artifact, *(ctx.staging / f["path"] for f in bucket_files(self.output.facts))]
         identity = ctx.keys["module"] if self.backend == "torchscript" else [sha256_file(f) for f in files]
         return {"artifact": identity, "facts": self.output.facts, "reference": sha256_file(ctx.artifacts["reference.npz"]),
-                "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution}
+                "tolerance": self.tol.__dict__, "kind": ctx.spec.kind, "distribution": ctx.spec.distribution,
+                "runner_code": package_digest(BACKENDS[self.backend].runner.split(":")[0])}
 
     def upstream(self, ctx: Context) -> dict[str, Any]:
         return {}

@@ -131,6 +131,18 @@ def code_digest(modules: list[str]) -> str:
     return digest.hexdigest()
 
 
+def package_digest(module: str) -> str:
+    """sha256 of every source file of the package that holds `module` (read, not imported): a backend's runner and
+    whatever it uses from its own package, for a verdict that must not outlive the code that ran it."""
+    package = import_module(module.rsplit(".", 1)[0] if "." in module else module)
+    folder = Path(inspect.getfile(package)).parent
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def load_stage(path: str) -> type[Stage]:
     """A stage class from its "module:Class" path (imported only when the stage runs)."""
     module, attribute = path.split(":")
@@ -140,4 +152,4 @@ def load_stage(path: str) -> type[Stage]:
     return stage
 
 
-__all__ = ["Context", "Stage", "StageOutput", "code_digest", "load_stage"]
+__all__ = ["Context", "Stage", "StageOutput", "code_digest", "load_stage", "package_digest"]

@@ -120,7 +120,8 @@ def model_config(model_name: str, backend: str, plan: TensorRTPlan, outputs: lis
                        for triton_name, name in zip(in_names, envelope.names)],
         })
     config["model_warmup"] = warmups
-    return config
+    rules = BACKENDS[backend].triton_rules()
+    return rules(config) if rules else config
 
 
 def _same_as_earlier(shapes: dict[str, tuple[int, ...]], envelope: Any, point: str) -> bool:
@@ -170,8 +171,11 @@ def _place(source: Path, target: Path) -> None:
 
 
 def write_models(root: Path, recipe_name: str, network: str, artifacts: dict[str, Path], plan: TensorRTPlan,
-                 outputs: list[OutputShapes], input_dtypes: dict[str, str]) -> list[Path]:
-    """Write one Triton model per servable backend in `artifacts` under `root` (MODEL_DIR/triton); returns the files."""
+                 outputs: list[OutputShapes], input_dtypes: dict[str, str],
+                 companions: dict[str, list[Path]] | None = None) -> list[Path]:
+    """Write one Triton model per servable backend in `artifacts` under `root` (MODEL_DIR/triton); returns the files.
+
+    `companions`: per backend, the files that travel with its artifact (a weights file), placed beside it."""
     written: list[Path] = []
     for backend, artifact in artifacts.items():
         if backend not in PLATFORMS:
@@ -186,4 +190,7 @@ def write_models(root: Path, recipe_name: str, network: str, artifacts: dict[str
         (folder / "config.pbtxt").write_text(header + to_pbtxt(config), encoding="utf-8")
         _place(artifact, folder / "1" / PLATFORMS[backend][1])
         written += [folder / "config.pbtxt", folder / "1" / PLATFORMS[backend][1]]
+        for companion in (companions or {}).get(backend, []):
+            _place(companion, folder / "1" / companion.name)
+            written.append(folder / "1" / companion.name)
     return written

@@ -219,9 +219,14 @@ def _save_reference(reference: Reference, path: Path, staging: Path) -> FileReco
 
 
 def copies_of(old: NetworkRecord) -> dict[str, str]:
-    """{copy: source} for the files that are byte copies of another file or artifact of the network (Triton's
-    model.pt / model.onnx / model.plan), found by the sha256 the old manifest recorded for both."""
-    before = {record.sha256: record.path for record in [*old.files.values(), *old.artifacts.values()]
+    """{copy: source} for the files that are byte copies of another file, artifact or artifact's companion file of the
+    network (Triton's model.pt / model.onnx / model.plan and the files beside them), found by the sha256 the old
+    manifest recorded for both."""
+    from rlopt.backends import facts_of
+
+    companions = [ref for backend, record in old.artifacts.items() if record.built
+                  for ref in facts_of(backend, record.facts).companion_files()]  # a weights file Triton copies
+    before = {record.sha256: record.path for record in [*old.files.values(), *old.artifacts.values(), *companions]
               if record.path and not record.path.startswith("triton/")}
     return {record.path: before[record.sha256] for record in old.files.values()
             if before.get(record.sha256) not in (None, record.path)}

@@ -158,7 +158,8 @@ def verify_table(report: VerifyReport) -> FittedTable:
     table.add_column("detail", detail=True)
     for f in report.findings:
         detail = f.detail + (f" ({parity_text(f.parity)})" if f.parity else "")
-        table.add_row(f.network, f.subject, "[green]ok[/]" if f.ok else "[red]FAIL[/]", escape(detail))
+        result = "[yellow]unverified[/]" if f.unverified else "[green]ok[/]" if f.ok else "[red]FAIL[/]"
+        table.add_row(f.network, f.subject, result, escape(detail))
     return table
 
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from rlopt.backends import BACKENDS, Runner, facts_of, import_before_torch, open_runner, unavailable_reason
-from rlopt.errors import ArtifactError, UsageError, located
+from rlopt.errors import ArtifactError, BackendUnavailable, UsageError, located
 from rlopt.facts import ArtifactFacts
 from rlopt.manifest import (
     MANIFEST_NAME,
     BackendRecord,
     FileRecord,
     Manifest,
+    NetworkRecord,
     checked_file,
     checked_private_copy,
     read_manifest,
@@ -82,22 +84,44 @@ def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_
 
 
 def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
-    """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened."""
+    """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened.
+
+    `auto` leaves out a backend whose runner cannot start here after all (its library present, yet, say, CUDA fails
+    to initialise) and routes over the others, as if it had been unusable from the start."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
-    ort: dict[str, object] = {}
-    if backend == "auto":
-        record = manifest.network(network, model_dir)
-        plan = recorded_plan(record, usable_backends(manifest, model_dir, network))
-        routes, fallback = plan.routes, plan.fallback
-        ort = {"allow_spinning": plan.onnxruntime_spinning, "adaptive_threads": True}
+    if backend != "auto":
+        fallback = resolve_backend(manifest, model_dir, network, backend)
+        return _open(model_dir, network, manifest.networks[network], {}, fallback, {}, backend)
+    record = manifest.network(network, model_dir)
+    usable, failed = usable_backends(manifest, model_dir, network), []
+    while True:
+        plan = recorded_plan(record, usable)
+        ort: dict[str, object] = {"allow_spinning": plan.onnxruntime_spinning, "adaptive_threads": True}
         if plan.onnxruntime_threads:
             ort["intra_op_threads"] = plan.onnxruntime_threads
         if plan.onnxruntime_shape_threads:
             ort["shape_threads"] = plan.onnxruntime_shape_threads
-    else:
-        fallback = resolve_backend(manifest, model_dir, network, backend)
-        record, routes = manifest.networks[network], {}
+        try:
+            return _open(model_dir, network, record, plan.routes, plan.fallback, ort, backend)
+        except _CannotStart as exc:
+            usable = [name for name in usable if name != exc.backend]
+            failed.append(f"{exc.backend}: {exc.reason}")
+            if not usable:
+                raise ArtifactError(located(model_dir / MANIFEST_NAME, f"networks.{network}",
+                                            f"no verified backend can start on this machine ({'; '.join(failed)})",
+                                            "recompile on this machine")) from None
+
+
+class _CannotStart(Exception):
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(reason)
+        self.backend, self.reason = backend, reason
+
+
+def _open(model_dir: Path, network: str, record: NetworkRecord, routes: dict[Any, str], fallback: str,
+          ort: dict[str, object], backend: str) -> Session:
+    """Open the runners a route needs; under `auto`, one that cannot start raises _CannotStart (the others closed)."""
     runners: dict[str, Runner] = {}
     opened = list(dict.fromkeys([fallback, *routes.values()]))
     import_before_torch(opened)
@@ -107,7 +131,12 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
             facts = facts_of(name, artifact.facts)
             if name == "onnxruntime" and ort:
                 facts = facts.model_copy(update=ort)
-            runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
+            try:
+                runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
+            except BackendUnavailable as exc:
+                if backend != "auto":
+                    raise
+                raise _CannotStart(name, str(exc)) from None
     except BaseException:
         for runner in runners.values():
             runner.close()

@@ -1,164 +1,126 @@
-"""TensorRT's refit hook, planned on CPU against a stand-in that refuses what the real Refitter refuses.
+"""TensorRT's refit hook against the stand-in (tests/tensorrt_standin.py), which refuses what TensorRT refuses.
 
-The stand-in engine holds named weights like a refittable engine from the ONNX parser; `Refitter` refuses an
-engine built without REFIT, unknown names and weights of another element count or dtype, and
-`refit_cuda_engine` fails while any weight is missing (TensorRT 10 / 11 semantics).
+The hook hands the refitted graph, prepared as the build prepared it, to `trt.OnnxParserRefitter`; the refit driver
+then runs the refitted engine through the parity gate, so a refit that drops biases (a known REFIT bug) fails the
+refit instead of shipping. The end-to-end tests compile a tiny MODEL_DIR with the stand-in as the installed TensorRT
+(its engine computes the parsed graph in ONNX Runtime) and refit it.
 """
 
 from __future__ import annotations
 
-import pickle
+import shutil
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import rlopt
 from rlopt.backends.base import RefitInputs
 from rlopt.backends.tensorrt.facts import TensorRTFacts
-from rlopt.errors import BackendUnavailable, StageError
+from rlopt.errors import BackendUnavailable, StageError, VerificationError
+from rlopt.manifest import read_manifest
+from tests.conftest import write_tiny_recipe
+from tests.refit.conftest import perturbed_state, save_state
+from tests.tensorrt_models import build, calls_of, mlp_model, open_the_gate, plan_for
 from tests.tensorrt_standin import make_tensorrt
 
-
-def standin(version: str = "10.13.0") -> types.ModuleType:
-    trt = make_tensorrt(version)
-
-    class Weights:
-        def __init__(self, array: np.ndarray) -> None:
-            if not array.flags["C_CONTIGUOUS"]:
-                raise TypeError("Weights need a contiguous array")
-            self.array = array
-
-    class Engine:
-        def __init__(self, refittable: bool, weights: dict[str, np.ndarray]) -> None:
-            self.refittable, self.weights = refittable, weights
-
-        def serialize(self) -> bytes:
-            return b"ENGINE" + pickle.dumps((self.refittable, self.weights))
-
-    class Runtime:
-        def __init__(self, logger: object) -> None:
-            pass
-
-        def deserialize_cuda_engine(self, data: bytes) -> Engine | None:
-            return Engine(*pickle.loads(data[6:])) if data.startswith(b"ENGINE") else None
-
-    class Refitter:
-        def __init__(self, engine: Engine, logger: object) -> None:
-            if not engine.refittable:
-                raise RuntimeError("engine is not refittable")
-            self.engine, self.given = engine, {}
-
-        def get_all_weights(self) -> list[str]:
-            return list(self.engine.weights)
-
-        def set_named_weights(self, name: str, weights: Weights) -> bool:
-            old = self.engine.weights.get(name)
-            if old is None or old.size != weights.array.size or old.dtype != weights.array.dtype:
-                return False
-            self.given[name] = weights.array.reshape(old.shape).copy()
-            return True
-
-        def get_missing_weights(self) -> list[str]:
-            return [name for name in self.engine.weights if name not in self.given]
-
-        def refit_cuda_engine(self) -> bool:
-            if self.get_missing_weights():
-                return False
-            self.engine.weights.update(self.given)
-            return True
-
-    trt.Weights, trt.Runtime, trt.Refitter = Weights, Runtime, Refitter
-    return trt
+REFITTABLE = "tensorrt: {refittable: true}\n"
 
 
-def _prepared(onnx_path: Path) -> dict[str, np.ndarray]:
-    from rlopt.backends.tensorrt.refit import prepared_weights
+@pytest.fixture(scope="module")
+def trt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny recipe with torchscript and a refittable TensorRT engine (the stand-in), compiled without the stage
+    cache (a stand-in engine must never be a cache hit for a real compile)."""
+    from rlopt.compile import compile_recipe
+    from rlopt.compile.cache import StageCache
 
-    inputs = RefitInputs(onnx_path.parent, "model.plan", TensorRTFacts(), onnx_path, None, {})
-    return prepared_weights(inputs, {"prepared": {"source": onnx_path.name, "precision_in_graph": "fp32"}})
-
-
-@pytest.fixture()
-def setup(base_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
-    """An engine over the old graph's prepared weights, and a refitted model.onnx beside it."""
-    import shutil
-
-    import onnx
-
-    from rlopt.manifest import read_manifest
-    from rlopt.refit.weight_map import apply_weight_map, tensor_locations
-
-    folder = tmp_path / "policy"
-    shutil.copytree(base_dir / "policy", folder)
-    old = _prepared(folder / "model.onnx")
-    (folder / "model.plan").write_bytes(b"ENGINE" + pickle.dumps((True, old)))
-    weight_map = read_manifest(base_dir).networks["policy"].facts["onnx"]["weight_map"]
-    state = {}
-    for location, entry in weight_map["entries"].items():
-        if entry["transform"] == "identity":
-            array = onnx.numpy_helper.to_array(tensor_locations(onnx.load(str(folder / "model.onnx")))[location])
-            state[entry["key"]] = array + 1.0
-    apply_weight_map(folder / "model.onnx", weight_map, state)
-    return folder, folder / "model.onnx", folder / "model.plan"
+    folder = tmp_path_factory.mktemp("trt-refit")
+    recipe = write_tiny_recipe(folder, backends="[torchscript, tensorrt]", extra=REFITTABLE)
+    with pytest.MonkeyPatch.context() as patch:
+        open_the_gate(patch, make_tensorrt("11.4.0", busy_s=0.0))
+        result = compile_recipe(recipe, folder / "model", cache=StageCache(enabled=False))
+    assert result.passed, result.failures
+    return result.model_dir
 
 
-def _inputs(folder: Path, onnx_path: Path, **facts: object) -> RefitInputs:
+def _refit(model_dir: Path, trt_dir: Path, tmp_path: Path, trt: object, monkeypatch: pytest.MonkeyPatch) -> Path:
+    open_the_gate(monkeypatch, trt)
+    checkpoint = save_state(perturbed_state(trt_dir.parent, scale=0.2), tmp_path / "new.pt")
+    return rlopt.refit(model_dir, checkpoint)
+
+
+def test_the_compiled_engine_is_verified_and_refittable(trt_dir: Path) -> None:
+    for network in read_manifest(trt_dir).networks.values():
+        record = network.artifacts["tensorrt"]
+        assert record.verified and record.facts["refittable"] and record.facts["precision_built"] == "fp32"
+
+
+def test_refit_sets_every_weight_through_the_onnx_parser_refitter(trt_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(trt_dir, model_dir)
+    trt = make_tensorrt("11.4.0", busy_s=0.0)
+    before = (model_dir / "policy" / "model.plan").read_bytes()
+    _refit(model_dir, trt_dir, tmp_path, trt, monkeypatch)
+    assert calls_of(trt, "OnnxParserRefitter.refit_from_file") == [("model.trt.onnx",)] * 2
+    manifest = read_manifest(model_dir)
+    assert manifest.refit_of and (model_dir / "policy" / "model.plan").read_bytes() != before
+    feeds = {"input0": np.random.default_rng(5).standard_normal((3, 4, 32)).astype(np.float32)}
+    with rlopt.load(model_dir, "policy", backend="torchscript") as reference, \
+            rlopt.load(model_dir, "policy", backend="tensorrt") as engine:
+        np.testing.assert_allclose(engine.run(feeds)["logits"], reference.run(feeds)["logits"], atol=1e-4)
+
+
+def test_a_refit_that_drops_biases_fails_the_gate_and_replaces_nothing(trt_dir: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(trt_dir, model_dir)
+    manifest_before = (model_dir / "manifest.json").read_bytes()
+    with pytest.raises(VerificationError, match="tensorrt.*parity failed.*nothing was replaced"):
+        _refit(model_dir, trt_dir, tmp_path, make_tensorrt("11.4.0", busy_s=0.0, refit_drops_bias=True), monkeypatch)
+    assert (model_dir / "manifest.json").read_bytes() == manifest_before
+
+
+def _hook_inputs(folder: Path, onnx_path: Path, **facts: object) -> RefitInputs:
     base = {"refittable": True, "prepared": {"source": "model.onnx", "precision_in_graph": "fp32"}, **facts}
     return RefitInputs(folder, "model.plan", TensorRTFacts.of(base), onnx_path, None, {})
 
 
-def _with_trt(monkeypatch: pytest.MonkeyPatch, trt: types.ModuleType) -> None:
-    monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    monkeypatch.setattr("rlopt.backends.tensorrt.build.tensorrt_unavailable_reason", lambda: None)
-
-
-@pytest.mark.parametrize("version", ["10.13.0", "11.4.0"])
-def test_refit_writes_the_new_weights_by_name(setup: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch,
-                                              version: str) -> None:
+def test_an_engine_built_without_refit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlopt.backends.tensorrt.refit import refit_artifact
 
-    folder, onnx_path, plan = setup
-    old = pickle.loads(plan.read_bytes()[6:])[1]
-    trt = standin(version)
-    _with_trt(monkeypatch, trt)
-    facts = refit_artifact(_inputs(folder, onnx_path))
-    engine = trt.Runtime(None).deserialize_cuda_engine(plan.read_bytes())
-    expected = _prepared(onnx_path)
-    assert facts["refitted_weights"] == len(engine.weights) > 0
-    for name, value in engine.weights.items():
-        np.testing.assert_array_equal(value, expected[name])
-    assert any(not np.array_equal(value, old[name]) for name, value in engine.weights.items())
-
-
-def test_engine_built_without_refit_is_refused(setup: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlopt.backends.tensorrt.refit import refit_artifact
-
-    folder, onnx_path, _ = setup
-    _with_trt(monkeypatch, standin())
+    trt = make_tensorrt("10.13.0")
+    build(trt, plan_for("fp32", refit=False, tmp=tmp_path), tmp_path)
+    open_the_gate(monkeypatch, trt)
     with pytest.raises(StageError, match="tensorrt.refittable: the engine was built without the REFIT flag"):
-        refit_artifact(_inputs(folder, onnx_path, refittable=False))
+        refit_artifact(_hook_inputs(tmp_path, tmp_path / "model.onnx", refittable=False))
+    with pytest.raises(StageError, match="TensorRT will not refit this engine"):  # the facts say so, the engine not
+        refit_artifact(_hook_inputs(tmp_path, tmp_path / "model.onnx"))
 
 
-def test_engine_weight_the_graph_lacks_is_refused(setup: tuple[Path, Path, Path],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_weight_the_refitted_graph_lacks_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+
     from rlopt.backends.tensorrt.refit import refit_artifact
 
-    folder, onnx_path, plan = setup
-    refittable, weights = pickle.loads(plan.read_bytes()[6:])
-    plan.write_bytes(b"ENGINE" + pickle.dumps((refittable, {**weights, "ghost": np.zeros(3, np.float32)})))
-    _with_trt(monkeypatch, standin())
-    with pytest.raises(StageError, match="weight 'ghost' is no initializer"):
-        refit_artifact(_inputs(folder, onnx_path))
+    trt = make_tensorrt("11.4.0")
+    build(trt, plan_for("fp32", tmp=tmp_path), tmp_path)
+    renamed = mlp_model()
+    for node in renamed.graph.node:
+        node.input[:] = ["b1_renamed" if name == "b1" else name for name in node.input]
+    next(init for init in renamed.graph.initializer if init.name == "b1").name = "b1_renamed"
+    onnx.save(renamed, str(tmp_path / "refitted.onnx"))
+    open_the_gate(monkeypatch, trt)
+    with pytest.raises(StageError, match="weight 'b1' was not set from the refitted graph"):
+        refit_artifact(_hook_inputs(tmp_path, tmp_path / "refitted.onnx"))
 
 
-def test_no_gpu_imports_nothing_of_tensorrt(setup: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_gpu_imports_nothing_of_tensorrt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlopt.backends.tensorrt.refit import refit_artifact
 
-    folder, onnx_path, _ = setup
     monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
-    monkeypatch.setattr("rlopt.backends.tensorrt.build.tensorrt_unavailable_reason", lambda: "no GPU here")
+    monkeypatch.setattr("rlopt.backends.tensorrt.gate.unavailable_reason", lambda: "no GPU here")
     with pytest.raises(BackendUnavailable, match="no GPU here"):
-        refit_artifact(_inputs(folder, onnx_path))
+        refit_artifact(_hook_inputs(tmp_path, tmp_path / "model.onnx"))
     assert "tensorrt" not in sys.modules

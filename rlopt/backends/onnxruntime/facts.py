@@ -9,6 +9,7 @@ from pydantic import Field
 from rlopt.facts import ArtifactFacts
 
 CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
 SECOND_SESSION_MAX_BYTES = 256 << 20  # a larger graph is not held twice in memory (shape_threads, adaptive_threads)
 
 
@@ -28,10 +29,18 @@ class OnnxRuntimeFacts(ArtifactFacts):
     graph_optimization: str | None = None
     onnxruntime: str | None = Field(None, description="the ONNX Runtime version that proved the session")
     int8: dict[str, Any] | None = Field(None, description="dynamic quantization's report, when int8 was asked for")
+    tf32: bool | None = Field(None, description="the CUDA provider's use_tf32 (onnxruntime.tf32; absent: its default)")
 
     @property
     def session_providers(self) -> list[str]:
         return list(self.providers or [CPU_PROVIDER])
 
+    @property
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """Per provider, the options the session opens it with: the CUDA provider's use_tf32 as the build chose."""
+        if self.tf32 is None or CUDA_PROVIDER not in self.session_providers:
+            return {}
+        return {CUDA_PROVIDER: {"use_tf32": "1" if self.tf32 else "0"}}
 
-__all__ = ["CPU_PROVIDER", "SECOND_SESSION_MAX_BYTES", "OnnxRuntimeFacts"]
+
+__all__ = ["CPU_PROVIDER", "CUDA_PROVIDER", "SECOND_SESSION_MAX_BYTES", "OnnxRuntimeFacts"]

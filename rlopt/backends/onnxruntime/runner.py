@@ -35,7 +35,7 @@ class OnnxRuntimeRunner(Runner):
         # allow_spinning is False when `auto` has this session share the cores with TVM's pool
         spinning = False if facts.allow_spinning is False else None
         self._session = make_session(path, threads=facts.intra_op_threads, providers=facts.session_providers,
-                                     spinning=spinning)
+                                     spinning=spinning, provider_options=facts.provider_options)
         self._output_names = [o.name for o in self._session.get_outputs()]
         self._cpu_only = facts.session_providers == [CPU_PROVIDER]
         self._sessions: dict[str, Any] = {}
@@ -45,7 +45,7 @@ class OnnxRuntimeRunner(Runner):
                 and adaptive_allowed(Path(path)):
             one = facts.intra_op_threads == 1
             other = make_session(path, threads=None if one else 1, providers=facts.session_providers,
-                                 spinning=spinning)
+                                 spinning=spinning, provider_options=facts.provider_options)
             self._sessions = {ONE_THREAD: self._session, POOL: other} if one else \
                 {POOL: self._session, ONE_THREAD: other}
 
@@ -57,7 +57,7 @@ class OnnxRuntimeRunner(Runner):
             count = threads or None
             if count not in by_threads:
                 by_threads[count] = make_session(path, threads=count, providers=facts.session_providers,
-                                                 spinning=spinning)
+                                                 spinning=spinning, provider_options=facts.provider_options)
             if by_threads[count] is not self._session:
                 by_shape[label] = by_threads[count]
         return by_shape

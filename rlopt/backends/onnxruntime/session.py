@@ -20,7 +20,7 @@ _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended"
 
 def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = None, spinning: bool | None = None,
                  optimization: Optimization | None = "all", providers: list[str] | None = None,
-                 inter_op_threads: int = 1) -> Any:
+                 inter_op_threads: int = 1, provider_options: dict[str, dict[str, str]] | None = None) -> Any:
     """An `onnxruntime.InferenceSession` on `path_or_bytes` (a file or the serialized model).
 
     threads: intra-op threads (None: ONNX Runtime's default, one per physical core); spinning: False stops the
@@ -28,7 +28,7 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
     no pool, and the setting alone cost it 0.5-0.8 us a call on an 8 us MLP, so it is left out there; optimization:
     the graph optimization level (None: ONNX Runtime's default); providers: exactly these, in order (default CPU
     only); inter_op_threads: 1 by default, as the sequential executor uses no inter-op pool (unset: ~0.4 us more
-    a call on the same MLP).
+    a call on the same MLP); provider_options: per provider name, its options (the CUDA provider's use_tf32).
     Raises ArtifactError when ONNX Runtime cannot load the model, and BackendUnavailable when the session lacks a
     requested provider (ONNX Runtime would silently fall back to the CPU).
     """
@@ -45,7 +45,7 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     model = path_or_bytes if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
     try:
-        session = ort.InferenceSession(model, sess_options=options, providers=wanted)
+        session = ort.InferenceSession(model, sess_options=options, providers=with_options(wanted, provider_options))
     except Exception as exc:  # onnxruntime raises its own untyped errors for a corrupt model
         where = "ONNX model (bytes)" if isinstance(path_or_bytes, bytes) else path_or_bytes
         raise ArtifactError(located(where, "", f"ONNX Runtime cannot load it ({first_line(exc)})",
@@ -59,4 +59,9 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
     return session
 
 
-__all__ = ["make_session"]
+def with_options(providers: list[str], options: dict[str, dict[str, str]] | None) -> list[Any]:
+    """ONNX Runtime's provider list: a (name, options) pair where options are given, else the name."""
+    return [(name, dict(options[name])) if options and name in options else name for name in providers]
+
+
+__all__ = ["make_session", "with_options"]

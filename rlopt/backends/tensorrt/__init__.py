@@ -1,14 +1,15 @@
-"""TensorRT: engines with optimization profiles, built and run only where an NVIDIA GPU and TensorRT are."""
+"""TensorRT: engines with optimization profiles, built and run only where an NVIDIA GPU, TensorRT and a CUDA build
+of torch are."""
 
 from __future__ import annotations
 
-from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.base import Backend
+from rlopt.backends.tensorrt import gate
 from rlopt.backends.tensorrt.facts import TensorRTFacts
-from rlopt.machine import gpu_absent_reason
 
 
 def _unavailable(facts: TensorRTFacts) -> str | None:
-    return module_missing("tensorrt") or gpu_absent_reason()
+    return gate.unavailable_reason()
 
 
 BACKEND = Backend(

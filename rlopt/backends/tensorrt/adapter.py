@@ -7,7 +7,9 @@ The two majors differ where it matters here (measured on the 11.4 bindings, shar
   reduced precision must already be in the ONNX graph (rlopt.backends.tensorrt.prepare writes the casts).
 Both: ONNX parser, one optimization profile per plan profile, workspace pool limit, REFIT,
 builder optimization level, a timing cache loaded and saved back, a progress monitor
-(`IProgressMonitor`) that also enforces the plan's time budget by cancelling the build.
+(`IProgressMonitor`) that also enforces the plan's time budget by cancelling the build. TF32 is on by
+default in a builder config (Ampere and later run fp32 layers in TF32): rlopt clears it unless
+`tensorrt.tf32: true`, so an fp32 engine is fp32 and is gated at the recipe's fp32 tolerances.
 
 Nothing here imports `tensorrt`: the caller passes the module, after the GPU gate
 (rlopt.backends.tensorrt.build). That also lets the tests drive it with a recording stand-in.
@@ -23,7 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from rlopt.errors import BackendUnavailable, StageError
+from rlopt.backends.tensorrt import gate
+from rlopt.errors import BackendUnavailable, StageError, located
 from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 SUPPORTED_MAJORS = (10, 11)
@@ -92,10 +95,16 @@ class TensorRTAdapter:
         return self.major >= 11
 
     def graph_casts_for(self, precision: str) -> str | None:
-        """Precision that must be written into the ONNX graph before parsing (TensorRT 11's strong typing)."""
-        if self.strongly_typed_only and precision in ("fp16", "bf16"):
+        """Precision that must be written into the ONNX graph before parsing (TensorRT 11's strong typing): fp16.
+        bf16 on TensorRT 11 is built in fp32 with a notice (precision_notice), never a cast this rlopt cannot write."""
+        if self.strongly_typed_only and precision == "fp16":
             return precision
         return None
+
+    def built_precision(self, plan: TensorRTPlan) -> str:
+        """What the engine computes in: the plan's precision where honoured, else fp32; tf32 where fp32 may use it."""
+        precision = plan.precision if self.precision_notice(plan.precision) is None else "fp32"
+        return "tf32" if precision == "fp32" and plan.tf32 else precision
 
     def precision_notice(self, precision: str) -> str | None:
         """One line when this TensorRT cannot honour `precision`; None when it can."""
@@ -114,34 +123,41 @@ class TensorRTAdapter:
         config.builder_optimization_level = plan.builder_optimization_level
         if plan.refittable:
             config.set_flag(trt.BuilderFlag.REFIT)
+        if plan.tf32:
+            config.set_flag(trt.BuilderFlag.TF32)
+        else:  # on by default: fp32 layers would run in TF32 and miss the fp32 gate
+            config.clear_flag(trt.BuilderFlag.TF32)
         if not self.strongly_typed_only:
             if precision == "fp16":
                 config.set_flag(trt.BuilderFlag.FP16)
             elif precision == "bf16":
                 config.set_flag(trt.BuilderFlag.BF16)
-        for profile in plan.profiles:
+        for index, profile in enumerate(plan.profiles):
             trt_profile = builder.create_optimization_profile()
             for name, shape in profile.shapes:
                 trt_profile.set_shape(name, shape.min, shape.opt, shape.max)
-            config.add_optimization_profile(trt_profile)
+            if config.add_optimization_profile(trt_profile) < 0:
+                shapes = ", ".join(f"{name} {list(r.min)}..{list(r.max)}" for name, r in profile.shapes)
+                raise StageError(f"TensorRT refused optimization profile {index} of {plan.network} ({shapes}; see "
+                                 "the TensorRT log above)")
         return config
 
     def build(self, onnx_path: Path, plan: TensorRTPlan, out_path: Path) -> BuildResult:
         """Parse, configure, build and write `out_path` (model.plan); StageError on parse/build failure or timeout."""
         trt = self.trt
         started = time.monotonic()
-        precision = plan.precision if self.precision_notice(plan.precision) is None else "fp32"
+        precision = self.built_precision(plan)
         logger = trt.Logger(trt.Logger.WARNING)
-        builder = trt.Builder(logger)
+        builder = gate.started(trt.Builder, logger, what="builder")
         # No creation flags: TensorRT 10 stays weakly typed so FP16/BF16 builder flags take effect;
         # TensorRT 11 is always strongly typed (its STRONGLY_TYPED flag is accepted and ignored).
         network = builder.create_network(0)
-        parser = trt.OnnxParser(network, logger)
+        parser = gate.started(trt.OnnxParser, network, logger, what="ONNX parser")
         if not parser.parse_from_file(str(onnx_path)):
             errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
             detail = "; ".join(errors[:3]) or "no detail"
             raise StageError(f"TensorRT's ONNX parser rejected {onnx_path.name}: {detail}")
-        config = self._config(builder, plan, precision)
+        config = self._config(builder, plan, "fp32" if precision == "tf32" else precision)
         cache = self._load_timing_cache(config, plan.timing_cache)
         monitor = make_progress_monitor(trt, started + plan.time_budget_s, self.progress)
         config.progress_monitor = monitor
@@ -168,7 +184,10 @@ class TensorRTAdapter:
     def _load_timing_cache(self, config: Any, path: Path | None) -> Any:
         data = path.read_bytes() if path is not None and path.is_file() else b""
         cache = config.create_timing_cache(data)
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        if not config.set_timing_cache(cache, ignore_mismatch=False):
+            raise StageError(located(path or "timing cache", "tensorrt.timing_cache", "TensorRT refused this timing "
+                                     "cache (made by another TensorRT version or GPU)",
+                                     "delete it, or give each GPU and TensorRT version a file of its own"))
         return cache
 
     @staticmethod

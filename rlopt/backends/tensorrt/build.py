@@ -1,8 +1,8 @@
 """Stage: TensorRT engine (`<network>/model.plan`).
 
-The gate comes first: no TensorRT object is created, and `tensorrt` is not even imported, unless
-an NVIDIA GPU and the library are present (the lean runtime segfaults without a GPU, shared
-notes). Otherwise BackendUnavailable, which the pipeline records as `skipped` with the reason
+The gate comes first (rlopt.backends.tensorrt.gate): no TensorRT object is created, and `tensorrt` is not even
+imported, unless an NVIDIA GPU, the library and a CUDA build of torch are present (the lean runtime segfaults
+without a GPU, shared notes). Otherwise BackendUnavailable, which the pipeline records as `skipped` with the reason
 while the compile goes on. Then: ONNX prepared for TensorRT (folded, standard ops, precision
 casts where TensorRT 11 needs them) -> engine built through the adapter, with the plan's
 optimization profiles, progress and time budget.
@@ -11,26 +11,19 @@ optimization profiles, progress and time budget.
 from __future__ import annotations
 
 import tempfile
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
+from rlopt.backends.tensorrt import gate
 from rlopt.errors import BackendUnavailable
-from rlopt.lazy import require
-from rlopt.machine import gpu_absent_reason
+from rlopt.machine import gpu_identity
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 
 def tensorrt_unavailable_reason() -> str | None:
-    """Why TensorRT cannot build here, checked without importing it; None when it can."""
-    reason = gpu_absent_reason()
-    if reason is not None:
-        return f"TensorRT needs an NVIDIA GPU: {reason}"
-    if find_spec("tensorrt") is None:
-        return ("TensorRT needs the 'tensorrt' package (NVIDIA's wheels, e.g. pip install tensorrt-cu12 from "
-                "NVIDIA's index), not installed here")
-    return None
+    """Why TensorRT cannot build here, checked without importing it (rlopt.backends.tensorrt.gate); None when it can."""
+    return gate.unavailable_reason()
 
 
 def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_path: Path, network: str,
@@ -41,7 +34,7 @@ def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_p
     from rlopt.backends.tensorrt.prepare import prepare_for_tensorrt
     from rlopt.backends.tensorrt.adapter import TensorRTAdapter
 
-    adapter = TensorRTAdapter(require("tensorrt"), progress)
+    adapter = TensorRTAdapter(gate.load_tensorrt(), progress)
     notice = adapter.precision_notice(plan.precision)
     with tempfile.TemporaryDirectory(prefix="rlopt-trt-") as scratch:
         prepared = prepare_for_tensorrt(onnx_path, Path(scratch) / "model.trt.onnx",
@@ -49,7 +42,8 @@ def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_p
                                         network=network)
         assert prepared.artifact is not None
         result = adapter.build(prepared.artifact, plan, out_dir / "model.plan")
-    facts = {**plan.facts(), **result.facts, "onnx": onnx_path.name, "prepared": prepared.facts}
+    facts = {**plan.facts(), **result.facts, "onnx": onnx_path.name, "prepared": prepared.facts,
+             "gpu": gpu_identity()}
     if notice:
         facts["notice"] = notice
     return StageOutput(out_dir / "model.plan", facts)

@@ -82,6 +82,7 @@ class TensorRTPlan:
     builder_optimization_level: int
     timing_cache: Path | None
     time_budget_s: float
+    tf32: bool = False
 
     @property
     def envelope(self) -> OptimizationProfile:
@@ -111,7 +112,7 @@ class TensorRTPlan:
             "workspace_mb": self.workspace_bytes >> 20, "refittable": self.refittable,
             "builder_optimization_level": self.builder_optimization_level,
             "timing_cache": str(self.timing_cache) if self.timing_cache else None,
-            "time_budget_s": self.time_budget_s,
+            "time_budget_s": self.time_budget_s, "tf32": self.tf32,
         }
 
 
@@ -207,4 +208,4 @@ def make_plan(spec: NetworkSpec, config: TensorRTConfig, model: Any, *, recipe_p
     return TensorRTPlan(network=network, inputs=inputs, profiles=tuple(profiles), precision=precision,
                         precision_source=source.replace("<name>", network), workspace_bytes=config.workspace_mb << 20,
                         refittable=config.refittable, builder_optimization_level=config.builder_optimization_level,
-                        timing_cache=cache, time_budget_s=config.build_timeout_s)
+                        timing_cache=cache, time_budget_s=config.build_timeout_s, tf32=config.tf32)

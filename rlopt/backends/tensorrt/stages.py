@@ -11,7 +11,7 @@ class TensorRTEngine(Stage):
     name, inputs, outputs = "tensorrt", ("model.onnx", "model.padded.onnx", "tensorrt_plan"), ("tensorrt",)
     cached, machine_dependent = True, True
     helpers = ("rlopt.backends.tensorrt.build", "rlopt.backends.tensorrt.prepare", "rlopt.backends.tensorrt.adapter",
-               "rlopt.onnx_graph")
+               "rlopt.backends.tensorrt.gate", "rlopt.onnx_graph")
 
     def config(self, ctx: Context) -> Any:
         return {"precision": ctx.spec.precision,

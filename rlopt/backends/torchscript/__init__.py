@@ -1,4 +1,5 @@
-"""TorchScript: the scripted module itself, served by libtorch (and Triton's pytorch_libtorch)."""
+"""TorchScript: the scripted module itself, served by libtorch (and Triton's pytorch_libtorch); on the CPU, or on CUDA
+with one CUDA graph per named shape (recipe `torchscript: {device: cuda}`, the `cuda` subpackage)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ from rlopt.backends.base import Backend, module_missing
 from rlopt.backends.torchscript.facts import TorchScriptFacts
 
 
+def _unavailable(facts: TorchScriptFacts) -> str | None:
+    missing = module_missing("torch")
+    if missing or not facts.on_cuda:
+        return missing
+    from rlopt.backends.torchscript.cuda import gate
+
+    return gate.unavailable_reason()
+
+
 def _threads(facts: TorchScriptFacts) -> int | str:
+    if facts.on_cuda:
+        return "GPU"
     return int(os.environ.get("OMP_NUM_THREADS", "0")) or "torch default"
 
 
@@ -20,8 +32,8 @@ def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
 
 BACKEND = Backend(
     name="torchscript", module="torch",
-    runner="rlopt.backends.torchscript.runner:TorchScriptRunner",
-    unavailable=lambda facts: module_missing("torch"), threads=_threads, facts=TorchScriptFacts,
+    runner="rlopt.backends.torchscript.runner:open_torchscript",
+    unavailable=_unavailable, threads=_threads, facts=TorchScriptFacts,
     triton_platform=("pytorch_libtorch", "model.pt"),
     stages=("rlopt.backends.torchscript.stages:TorchScriptArtifact",),
     refit="rlopt.backends.torchscript.refit:refit_artifact", one_thread=_one_thread)

@@ -1,4 +1,4 @@
-"""Runner for `model.ts`: the scripted module, run under inference mode."""
+"""Runner for `model.ts`: the scripted module, run under inference mode on the CPU (on CUDA: rlopt.backends.torchscript.cuda)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,13 @@ class TorchScriptRunner(Runner):
 
     def close(self) -> None:
         self._module = None
+
+
+def open_torchscript(path: Path, input_names: list[str], facts: TorchScriptFacts | Mapping[str, Any]) -> Runner:
+    """The runner the artifact was built for: on the CPU, or on CUDA with its graphs (facts.device)."""
+    typed = TorchScriptFacts.of(facts)
+    if typed.on_cuda:
+        from rlopt.backends.torchscript.cuda.runner import CudaTorchScriptRunner
+
+        return CudaTorchScriptRunner(path, input_names, typed)
+    return TorchScriptRunner(path, input_names, typed)

@@ -25,6 +25,7 @@ from typing import Any
 
 from rlopt.errors import BackendUnavailable, RecipeError, StageError, first_line, located
 from rlopt.lazy import require
+from rlopt.machine import gpu_identity
 from rlopt.recipe import Precision, TvmConfig
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.build import fused_kernels, target_slug, tensorize_shape_comparisons
@@ -147,6 +148,7 @@ def build_tvm_cuda(onnx_path: Path, config: TvmConfig, out_dir: Path, *, precisi
                                 "fatbin_sha256": hashlib.sha256(fatbin).hexdigest(),
                                 "cuda_source_bytes": len(source)},
         "tvm": tvm.__version__,
+        "gpu": gpu_identity(),  # None when built on a machine without a GPU (then verified: false)
     }
     if notice:
         facts["notice"] = notice
