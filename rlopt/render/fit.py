@@ -94,8 +94,8 @@ class FittedTable:
         widths = {i: max([cell_len(c.header), *(widest_line(row[i]) for row, _ in self.rows)])
                   for i, c in enumerate(self.columns) if not c.detail}
         _shrink(widths, least, room - sum(least[i] for i in details))
-        budget = max([1, *(least[i] for i in details)]) if not details else \
-            max(max(least[i] for i in details), (room - sum(widths.values())) // len(details))
+        spare = room - sum(widths.values())
+        budget = max([spare // len(details), *(least[i] for i in details)]) if details else 0
         notes: list[Text] = []
         rows = []
         for cells, section in self.rows:
