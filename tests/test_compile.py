@@ -232,7 +232,7 @@ def test_cli_compile_json_and_parity_failure_exits_1(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     document = json.loads(proc.stdout)
     assert document["passed"] is False and any("onnxruntime" in f for f in document["failures"])
-    assert "verification failed" in proc.stderr and "atol that would pass" in proc.stderr
+    assert "verification failed" in proc.stderr and "atol to pass" in proc.stderr
     manifest = read_manifest(tmp_path / "out")
     assert manifest.networks["policy"].artifacts["torchscript"].verified, "bit-exact backend still passes at atol 0"
     assert not manifest.networks["policy"].artifacts["onnxruntime"].verified

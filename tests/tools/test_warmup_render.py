@@ -21,7 +21,8 @@ def test_positional_model_dir_and_human_table(ort_copy: Path, tmp_path: Path) ->
     assert "warmup policy on onnxruntime" in proc.stdout and "1x1x32" in proc.stdout
     assert "consistency: ok" in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 100 and "…" not in proc.stdout, proc.stdout
-    assert "steady state at " in " ".join(proc.stdout.split()) or "steady state not reached" in proc.stdout
+    words = " ".join(proc.stdout.split())
+    assert "steady state at " in words or "steady state not reached" in words, proc.stdout
     assert proc.stdout.endswith("\n") and "\x1b" not in proc.stdout + proc.stderr and "\r" not in proc.stderr
     progress = [line for line in proc.stderr.splitlines() if line.strip()]
     assert [line.split(": ", 1)[1] for line in progress if line.startswith("warmup ")][:2] == [
