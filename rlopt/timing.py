@@ -15,8 +15,7 @@ from typing import Callable
 import numpy as np
 
 STEADY_WINDOW = 5  # calls per window compared
-STEADY_RATIO = 1.2  # the last window's median no more than this below the window before: no longer warming up
-FAST_OUTLIER = 3.0  # a call this many times faster than its window's median: the fast path is arriving
+STEADY_RATIO = 1.2  # the last window's fastest call no more than this below the window before's: warm
 WARM_CAP_S = 3.0  # the most one shape is warmed, whatever its latency does
 Clock = Callable[[], int]  # nanoseconds
 
@@ -37,10 +36,10 @@ def percentiles_us(samples_ns: list[int] | np.ndarray) -> tuple[float, float]:
 def warm_until_steady(call: Callable[[], object], *, min_calls: int = 3, window: int = STEADY_WINDOW,
                       ratio: float = STEADY_RATIO, cap_s: float = WARM_CAP_S,
                       clock: Clock = time.perf_counter_ns) -> int:
-    """Call until the median of the last `window` calls is no more than `ratio` below the median of the window
-    before (the calls stopped getting faster) and no call of that window ran FAST_OUTLIER times faster than its
-    median (the first fast calls of a JIT's specialized code); at least max(min_calls, 2 * window) calls and at
-    most `cap_s` seconds of them. Returns the calls made."""
+    """Call until the fastest of the last `window` calls is no more than `ratio` faster than the fastest of the
+    window before: the calls stopped getting faster. The fastest call, not the median: a busy machine adds delays
+    to some calls, never speed. At least max(min_calls, 2 * window) calls, at most `cap_s` seconds of them.
+    Returns the calls made."""
     durations: list[int] = []
     started = clock()
     while True:
@@ -49,9 +48,7 @@ def warm_until_steady(call: Callable[[], object], *, min_calls: int = 3, window:
         after = clock()
         durations.append(after - before)
         if len(durations) >= max(min_calls, 2 * window):
-            last = float(np.median(durations[-window:]))
-            previous = float(np.median(durations[-2 * window:-window]))
-            if last * ratio >= previous and min(durations[-window:]) * FAST_OUTLIER >= last:
+            if min(durations[-window:]) * ratio >= min(durations[-2 * window:-window]):
                 return len(durations)
         if after - started >= cap_s * 1e9:
             return len(durations)

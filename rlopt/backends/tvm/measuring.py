@@ -71,14 +71,20 @@ def stop_workers(runner: Any) -> None:
     threads = getattr(pool, "_threadpool", None)
     if threads is not None:
         threads.shutdown(wait=False, cancel_futures=True)
-    workers = lambda: list(getattr(pool, "_worker_map", {}).values())  # noqa: E731
-    for worker in workers():  # SIGKILL only: a thread waiting on its worker sees the pipe close and returns
-        process = getattr(worker, "_proc", None)
-        if process is not None and process.poll() is None:
-            process.kill()
-    pool.shutdown(wait=True)  # closes the pipes, reaps the workers, joins the threads
-    for worker in workers():  # the threads are joined: nothing races this
-        worker.kill()
+    # SIGKILL only, until the pool's threads are done: a thread waiting on its worker sees the pipe close and
+    # cleans that worker up itself (TVM's PopenWorker.kill is not safe against a second caller), and one that
+    # started a fresh worker between its lock and its send finds it killed too
+    for _ in range(200):
+        for worker in list(getattr(pool, "_worker_map", {}).values()):
+            process = getattr(worker, "_proc", None)
+            if process is not None and process.poll() is None:
+                process.kill()
+        running = [t for t in getattr(threads, "_threads", ()) if t.is_alive()]
+        if not running:
+            break
+        for thread in running:
+            thread.join(timeout=0.05)
+    pool.shutdown(wait=True)  # closes the pipes and reaps what the threads left
 
 
 __all__ = ["RpcSpec", "make_builder", "make_runner", "stop_workers"]
