@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[cpu,dev,tune,sb3,openvino]"
+	$(BIN)/python -m pip install -q -e ".[cpu,dev,tune,sb3,openvino,serve]"
 	touch $(STAMP)
 
 demo: venv

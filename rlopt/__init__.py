@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from rlopt.runtime import Session
+    from rlopt.serve.batcher import Batcher
 
 
 def load(model_dir: Any, network: str, backend: str = "auto") -> Session:
@@ -26,4 +27,13 @@ def refit(model_dir: Any, checkpoint: Any, out: Any = None) -> Path:
     return _refit(model_dir, checkpoint, out)
 
 
-__all__ = ["load", "refit", "__version__"]
+def __getattr__(name: str) -> Any:
+    """`rlopt.Batcher` (contract section 12), imported on first use: importing rlopt stays cheap."""
+    if name == "Batcher":
+        from rlopt.serve.batcher import Batcher
+
+        return Batcher
+    raise AttributeError(f"module 'rlopt' has no attribute {name!r}")
+
+
+__all__ = ["Batcher", "load", "refit", "__version__"]

@@ -15,6 +15,7 @@ INSTALL_HINTS: dict[str, str] = {
     "tensorrt": "install TensorRT 10 or 11 from NVIDIA on a machine with an NVIDIA GPU",
     "torch": "pip install 'torch==2.13.0'",
     "onnx": "pip install onnx",
+    "tritonclient": "pip install 'rlopt[serve]'",
 }
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from rlopt.backends import BACKENDS as REGISTERED_BACKENDS
 from rlopt.backends import DEFAULT_BACKENDS
 from rlopt.backends.torchscript.config import TorchScriptConfig
+from rlopt.ci_config import CiConfig
 from rlopt.errors import RecipeError, explain_validation_error, located
 from rlopt.yaml_file import load_yaml_mapping
 from rlopt.manifest import shape_label
@@ -318,6 +319,7 @@ class Recipe(_Strict):
     # A warmup profile (contract section 6, path relative to the recipe) whose request shapes are built,
     # verified and tuned like `networks.<n>.shapes` of the network it names.
     warmup_profile: str | None = None
+    ci: CiConfig = Field(default_factory=CiConfig)  # `rlopt diff` thresholds (contract section 15)
 
     @field_validator("networks")
     @classmethod

@@ -9,7 +9,9 @@ The protocol (docs/benchmarks.md says why each part is there):
 - per shape, K interleaved rounds (one block of calls per candidate per round, order shuffled each round);
   a ratio is the median over rounds of the per-round ratio of block medians (rlopt.tools.bench.protocol);
 - R runs, one after the other over all models; each row reports the median over runs, the spread (min-max of
-  the per-run ratios) and the done-when verdict.
+  the per-run ratios) and the done-when verdict;
+- with the default policy and the atari CNN among the models, the serving view (scripts/bench_serving.py:
+  `rlopt serve` batched against --max-batch 1, `rlopt.Batcher` against a shared Session, a soak, the checks).
 Writes `--out` (JSON: every run's full report and the rows) and rewrites `--doc` (docs/benchmarks.md) with this
 invocation's table set on top. A default run (R = 3, all models) takes about 20 minutes on a quiet 2-core
 machine; `--quick` (R = 1, fewer rounds, a few models) is a smoke run.
@@ -169,6 +171,26 @@ def refit_latency_markdown(latency: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def serving_section(models: list[Model], work_dir: Path, runs: int, quick: bool) -> tuple[Any, str | None]:
+    """The serving view (scripts/bench_serving.py in its own process; every server, load and in-process candidate in
+    a process of its own), when the default policy and the atari CNN are among the models: its JSON and Markdown."""
+    compiled = {m.name: m.model_dir for m in models if (m.model_dir / "manifest.json").is_file()}
+    if not {"policy-value-heads", "atari-cnn"} <= set(compiled):
+        return None, None
+    serving_dir = work_dir / "serving"
+    serving_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("policy-value-heads", "atari-cnn"):
+        if not (serving_dir / name).exists():
+            (serving_dir / name).symlink_to(compiled[name].resolve())
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("bench_serving.py")), "--runs", str(runs),
+                           "--work-dir", str(serving_dir), *(["--quick"] if quick else [])],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-400:]}, f"Serving: the measurement failed: {done.stderr.strip()[-200:]}"
+    serving = json.loads(done.stdout.strip().splitlines()[-1])
+    return serving, serving["markdown"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", help=f"models to bench (default: all): {', '.join(known_models())}")
@@ -224,6 +246,7 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
                 else:
                     errors[model.name].append(f"run {run + 1}: {error}")
         refit, refit_markdown = refit_section(models, work_dir, runs)
+        serving, serving_markdown = serving_section(models, work_dir, runs, bool(args.quick))
         chosen = {m.name: auto_facts(m.model_dir) for m in models}
     finally:
         if args.work_dir is None:
@@ -238,7 +261,8 @@ def protocol(names: list[str], runs: int, rounds: int, args: argparse.Namespace)
         "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
         "protocol": {"runs": runs, "rounds": rounds, "quick": bool(args.quick), "seed": args.seed}, "limits": limits,
         "models": model_json, "rows": rows, "default_policy_spread": default_policy_spread(rows),
-        "refit": refit, "refit_markdown": refit_markdown, "seconds": round(time.perf_counter() - started, 1)}
+        "refit": refit, "refit_markdown": refit_markdown, "serving": serving, "serving_markdown": serving_markdown,
+        "seconds": round(time.perf_counter() - started, 1)}
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     tmp.replace(args.out)

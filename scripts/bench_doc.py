@@ -145,6 +145,7 @@ def table_set(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if problems:
         lines += ["", "Not benched or partly benched:", "", *problems]
     lines += ["", results.get("refit_markdown") or "Refit: not measured in this run.", ""]
+    lines += [results.get("serving_markdown") or "Serving: not measured in this run.", ""]
     return "\n".join(lines)
 
 

@@ -156,3 +156,17 @@ def test_state_mistakes_are_one_located_line(tmp_path: Path, change: tuple[str, 
     message = _error(tmp_path, STATEFUL.replace(*change))
     for needle in needles:
         assert needle in message, (needle, message)
+
+
+def test_the_ci_section_has_the_contract_defaults_and_is_resolved(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(BASE)
+    ci = load_recipe(path).ci
+    assert (ci.max_latency_ratio, ci.max_drift_kl, ci.allow_dropped_backends) == (1.10, None, False)
+    path.write_text(BASE + "ci: {max_drift_kl: 0.01, allow_dropped_backends: true}\n")
+    recipe = load_recipe(path)
+    assert "ci:\n  max_latency_ratio: 1.1\n  max_drift_kl: 0.01\n  allow_dropped_backends: true\n" in \
+        recipe.resolved_yaml()
+    message = _error(tmp_path, BASE + "ci: {max_latency_ratio: 0.9}\n")
+    assert "ci.max_latency_ratio" in message and "greater than or equal to 1" in message
+    assert "ci.max_drift" in _error(tmp_path, BASE + "ci: {max_drift: 0.1}\n")

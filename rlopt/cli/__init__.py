@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 # each module registers its commands on `app`, in this order in `rlopt --help`
-from rlopt.cli import build, artifacts, tools, cache  # noqa: F401, I001
+from rlopt.cli import build, artifacts, tools, diff, serve, cache  # noqa: F401, I001
 from rlopt.cli.base import app
 from rlopt.errors import RloptError
 
@@ -36,7 +36,7 @@ def _internal_error(exc: BaseException) -> str:
     return "(no writable log directory)"
 
 
-RUN_ONLY_COMMANDS = frozenset({"refit", "verify", "warmup"})
+RUN_ONLY_COMMANDS = frozenset({"diff", "refit", "serve", "verify", "warmup"})
 
 
 def main(argv: list[str] | None = None) -> None:

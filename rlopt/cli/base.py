@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,6 +13,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="Compile RL policy/value networks into fast, verified, deployable artifacts.")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
+JunitOption = Annotated[Optional[Path], typer.Option("--junit", help="Write the diff's JUnit XML here: a testsuite "
+                                                     "per network, a testcase per check.")]
 
 
 def print_json(document: object) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rlopt.cli.base import JsonFlag, app, exit_failed, print_json
+from rlopt.cli.base import JsonFlag, JunitOption, app, exit_failed, print_json
 
 
 @app.command("compile")
@@ -19,9 +19,12 @@ def compile_command(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not use the stage cache.")] = False,
     vecnormalize: Annotated[Optional[Path], typer.Option("--vecnormalize", help="SB3 agent: VecNormalize .pkl.")] = None,
     env: Annotated[Optional[str], typer.Option("--env", help="SB3 agent: gymnasium id for rollout checks.")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Then diff against this MODEL_DIR (the last "
+                                                     "release), as 'rlopt diff BASELINE MODEL_DIR' does.")] = None,
+    junit: JunitOption = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR."""
+    """Script -> ONNX -> TVM / ONNX Runtime / TensorRT -> verify -> benchmark -> write MODEL_DIR [-> diff]."""
     import contextlib
 
     from rlopt.compile import compile_agent, compile_recipe
@@ -39,6 +42,17 @@ def compile_command(
     )
 
     agent = recipe.suffix.lower() == ".zip"
+    if junit is not None and baseline is None:
+        raise UsageError(f"{junit}: --junit writes the diff's report; fix: add --baseline OLD_DIR, or drop --junit")
+    if baseline is not None:  # a missing or corrupt baseline fails now, not after the compile
+        from rlopt.tools.diff.pair import read_checked
+        from rlopt.tools.diff.report import check_writable
+
+        if output is not None and output.resolve() == baseline.resolve():
+            raise UsageError(f"{baseline}: --baseline is the MODEL_DIR this compile replaces (-o); fix: compile into "
+                             "another -o, or copy the release elsewhere first")
+        read_checked(baseline)
+        check_writable(junit)
     if not agent and (vecnormalize is not None or env is not None):
         raise UsageError(f"{recipe}: --vecnormalize / --env go with an agent .zip; fix: put them in the recipe "
                          "(model.vecnormalize, verify.rollout.env)")
@@ -48,11 +62,12 @@ def compile_command(
                                    "cache": StageCache(enabled=not no_cache)}
         result = (compile_agent(recipe, output, vecnormalize=vecnormalize, env=env, **options) if agent
                   else compile_recipe(recipe, output, **options))
-    if json_out:
-        print_json({"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,
-                     "seconds": round(result.seconds, 2), "stages": [list(r) for r in reporter.rows],
-                     "manifest": result.manifest.model_dump(mode="json")})
-    else:
+    document = {"model_dir": str(result.model_dir), "passed": result.passed, "failures": result.failures,
+                "seconds": round(result.seconds, 2), "stages": [list(r) for r in reporter.rows],
+                "manifest": result.manifest.model_dump(mode="json")}
+    if json_out and (baseline is None or not result.passed):
+        print_json(document)
+    elif not json_out:
         stdout.print(stage_table(reporter.rows))
         stdout.print(summary_table(result.manifest))
         stdout.print(f"wrote {result.model_dir} in {result.seconds:.1f} s")
@@ -61,7 +76,18 @@ def compile_command(
         stderr.print(f"[yellow]warning[/] {warning}", markup=True, highlight=False)
     if not result.passed:
         stderr.print(parity_failure_table(result.manifest))
-        exit_failed(result.failures)
+        exit_failed(result.failures, "diff against --baseline not run: the compile failed verification"
+                    if baseline is not None else None)
+    if baseline is not None:
+        from rlopt.cli.diff import show_diff
+        from rlopt.render.diff import diff_progress
+        from rlopt.tools.diff import run_diff
+
+        with native_output_to_log("diff") as log, diff_progress(stderr) as progress, \
+                (stdout_kept_for_json() if json_out else contextlib.nullcontext()):
+            report = run_diff(baseline, result.model_dir, progress=progress)
+        native_log_note(log)
+        show_diff(report, junit, document | {"diff": report.model_dump(mode="json")} if json_out else None)
 
 
 @app.command("refit")

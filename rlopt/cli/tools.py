@@ -21,6 +21,9 @@ def warmup_command(
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="Threads sending requests (default: "
                                                        "the profile's concurrency).")] = None,
     backend: Annotated[str, typer.Option("--backend", help="auto (fastest verified) or one backend.")] = "auto",
+    url: Annotated[Optional[str], typer.Option("--url", help="Drive a running server of MODEL_DIR instead "
+                                               "(http://HOST:PORT or grpc://HOST:PORT, as rlopt serve listens); "
+                                               "probes are still checked against rlopt.load here.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Drive a profile's request mix from N threads: cold vs steady latency, consistency under load, SLO."""
@@ -39,7 +42,7 @@ def warmup_command(
         raise UsageError("no MODEL_DIR; fix: rlopt warmup MODEL_DIR --profile P.json (or --model_dir MODEL_DIR)")
     with native_output_to_log("warmup") as log, monitor_for(stderr) as monitor:
         result = run_warmup(target, profile, duration_s=duration, concurrency=concurrency, backend=backend,
-                            monitor=monitor)
+                            monitor=monitor, url=url)
     report = result.report
     if json_out:
         print_json(report.model_dump(mode="json"))

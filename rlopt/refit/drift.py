@@ -8,24 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlopt.drift import drift, rows
 from rlopt.manifest import Drift
-from rlopt.parity import categorical_kl, gaussian_kl
 from rlopt.reference import Reference
-
-
-def rows(outputs: list[np.ndarray], distribution: str) -> tuple[np.ndarray, ...]:
-    """The policy's outputs as 2-D [rows, actions] arrays ([mean, log_std] for a gaussian)."""
-    count = 2 if distribution == "gaussian" else 1
-    heads = outputs[:count]
-    return tuple(np.broadcast_to(h, heads[0].shape).reshape(-1, heads[0].shape[-1]) for h in heads)
-
-
-def drift(old: list[np.ndarray], new: list[np.ndarray], distribution: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per row: KL(old || new), and whether the argmax agrees (categorical only, else None)."""
-    before, after = rows(old, distribution), rows(new, distribution)
-    if distribution == "gaussian":
-        return gaussian_kl(before[0], before[1], after[0], after[1]), None
-    return categorical_kl(before[0], after[0]), before[0].argmax(-1) == after[0].argmax(-1)
 
 
 def reference_drift(old: Reference, new: Reference, distribution: str) -> Drift:

@@ -130,6 +130,7 @@ class Session:
     def __init__(self, runners: dict[str, Runner], routes: dict[ShapeKey, str], fallback: str, network: str,
                  record: NetworkRecord, reopen: Callable[[Any], Session] | None = None) -> None:
         self.network = network
+        self.record = record  # the manifest's record of this network (latencies per named shape for a batcher)
         self.inputs: dict[str, InputProfile] = dict(record.inputs)
         self.outputs: list[str] = list(record.outputs)
         self._names = list(record.inputs)
@@ -222,6 +223,7 @@ class Session:
                 old.close()
             self._retired = [self._gen]
             self._gen = gen
+            self.record = fresh.record
 
     def close(self) -> None:
         with self._reload_lock:

@@ -127,7 +127,12 @@ TABLES: dict[str, Callable[[Path], FittedTable]] = {
 @pytest.mark.parametrize("width", [80, 100])
 @pytest.mark.parametrize("name", list(TABLES))
 def test_a_table_fits_the_width_and_cuts_nothing(name: str, width: int, tiny_compiled: Path) -> None:
-    table = TABLES[name](tiny_compiled)
+    assert_fits(TABLES[name](tiny_compiled), width)
+
+
+def assert_fits(table: FittedTable, width: int) -> None:
+    """Rendered `width` columns wide: no line wider, no ellipsis, every word of every cell whole on one line, and
+    each note's marker in the table with its text under it."""
     out = render(table, width)
     lines = out.splitlines()
     assert max(cell_len(line) for line in lines) <= width, out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import nullcontext
 import threading
 import time
 from array import array
@@ -213,8 +214,11 @@ def _collect(workers: list[LoadThread]) -> LoadRecord:
 
 def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: float | None = None,
                concurrency: int | None = None, backend: str = "auto", monitor: Monitor | None = None,
-               seed: int = 0, write_files: bool = True) -> WarmupResult:
-    """Load, first-call, drive the mix under load, analyse; write reports/warmup-<profile>.{json,png}."""
+               seed: int = 0, write_files: bool = True, url: str | None = None) -> WarmupResult:
+    """Load, first-call, drive the mix under load, analyse; write reports/warmup-<profile>.{json,png}.
+
+    With `url` the requests go to a running server of MODEL_DIR (`rlopt serve`; `load_ms` is then the time to
+    reach it) and the probes are compared with `rlopt.load`'s single-threaded outputs in this process."""
     import rlopt
 
     model_dir, profile_path = Path(model_dir), Path(profile_path)
@@ -243,7 +247,12 @@ def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: f
 
     cores = usable_core_ids()
     t0 = time.perf_counter()
-    session = rlopt.load(model_dir, profile.network, backend)
+    if url is None:
+        session = rlopt.load(model_dir, profile.network, backend)
+    else:
+        from rlopt.tools.warmup.remote import RemoteSession
+
+        session = RemoteSession(url, profile.network, record)
     load_ms = (time.perf_counter() - t0) * 1e3
     workers: list[LoadThread] = []
     interrupted = False
@@ -256,8 +265,9 @@ def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: f
             first_calls.append((start - t0, time.perf_counter() - start))
             first_ms[i] = first_calls[-1][1] * 1e3
             notify("first calls", 0.0, workers, first_ms, start - t0, session.backend)
-        for probe in probes:
-            probe.expected = list(session.run(probe.feeds).values())
+        with rlopt.load(model_dir, profile.network, backend) if url else nullcontext(session) as single:
+            for probe in probes:
+                probe.expected = list(single.run(probe.feeds).values())
 
         stop = threading.Event()
         barrier = threading.Barrier(threads + 1)
@@ -300,6 +310,8 @@ def run_warmup(model_dir: Path | str, profile_path: Path | str, *, duration_s: f
         report.warnings.append(f"the {report.backend} runtime narrowed the CPU affinity of load threads from cores "
                                f"{sorted(cores)} to {[list(p) for p in pinned]} (TVM does so when its thread pool "
                                "is configured unless TVM_BIND_THREADS=0): the figures are for fewer cores")
+    if url is not None:
+        report.url = url
     result = WarmupResult(report, timeline)
     if write_files:
         result.files_error = write_reports(result, model_dir)

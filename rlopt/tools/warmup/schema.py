@@ -83,6 +83,7 @@ class WarmupReport(ToolReport):
     machine: dict[str, Any]
     warnings: list[str] = []
     files: dict[str, str]
+    url: str | None = None  # `--url`: the server the requests went to (else they ran in this process)
 
 
 @dataclass
