@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from rlopt.compile.cache import StageCache, cache_key, explain_change
@@ -94,7 +95,8 @@ UNCACHED_PATHS = {
 }
 
 
-def _names_used(function: object) -> set[object]:
+@functools.lru_cache(maxsize=None)
+def _names_used(function: object) -> frozenset[object]:
     """The rlopt functions, classes and modules that `function`'s code names (type annotations left out), through
     its module's globals and its own function-level imports."""
     import ast
@@ -126,7 +128,7 @@ def _names_used(function: object) -> set[object]:
             if str(module).startswith("rlopt") and (inspect.isfunction(target) or inspect.isclass(target)
                                                      or isinstance(target, types.ModuleType)):
                 found.add(target)
-    return found
+    return frozenset(found)
 
 
 def _reached_modules(stage: type) -> dict[str, str]:
