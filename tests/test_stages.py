@@ -203,7 +203,8 @@ def test_export_falls_back_to_the_trace_where_the_scripted_graph_is_refused(tmp_
         assert out.facts["export_path"] == "trace" and out.facts["refused"].startswith(op + ": ")
         assert "\n" not in out.facts["refused"]
         with pytest.raises(StageError, match=r"networks\.net: ONNX export failed: " + op):
-            export_onnx(ts_path, spec, 17, tmp_path / "model.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+            export_onnx(ts_path, spec, 17, tmp_path / "refused.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+        assert not (tmp_path / "refused.onnx").exists(), "nothing half-written"
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -269,7 +270,7 @@ def test_dynamo_is_gated_on_onnxscript() -> None:
 
 def test_tvm_names_the_onnx_ops_its_frontend_cannot_convert(tmp_path: Path) -> None:
     from rlopt.errors import BackendUnavailable
-    from rlopt.backends.tvm.importer import check_supported, unsupported_ops
+    from rlopt.backends.tvm.normalize import check_supported, unsupported_ops
     from tests.data.models.coverage import LstmSequence
 
     ts_path, _ = _script(LstmSequence(), tmp_path)

@@ -111,16 +111,21 @@ class RecordReference(Stage):
 
 class ExportOnnx(Stage):
     name, inputs, outputs, cached = "onnx", ("model.ts",), ("model.onnx",), True
-    helpers = ("rlopt.stages.export_onnx", "rlopt.refit.weight_map", "rlopt.onnx_graph")
+    helpers = ("rlopt.stages.export_onnx", "rlopt.control_flow", "rlopt.shape_probe",
+               "rlopt.refit.weight_map", "rlopt.onnx_graph", "rlopt.reference", "rlopt.backends.base")
 
     def config(self, ctx: Context) -> Any:
-        return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset}
+        verify = ctx.recipe.verify
+        return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset,
+                "probe": {"shapes": ctx.spec.shapes, "atol": verify.atol, "rtol": verify.rtol}}
 
     def run(self, ctx: Context) -> StageOutput:
         from rlopt.stages.export_onnx import export_onnx
 
+        verify = ctx.recipe.verify
         return export_onnx(ctx.artifacts["model.ts"], ctx.spec, ctx.recipe.onnx.opset, ctx.dir / "model.onnx",
-                           recipe_path=ctx.recipe_path, network=ctx.name, eager_module=ctx.module)
+                           recipe_path=ctx.recipe_path, network=ctx.name, eager_module=ctx.module,
+                           tolerance=(verify.atol, verify.rtol))
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
         return f"{out.facts.get('export_path', 'script')}, opset {out.facts['opset']}, {out.facts['if_nodes']} If"
@@ -130,7 +135,9 @@ class SpecializationGuard(Stage):
     """A check after export: every input's dims in the ONNX graph are what the recipe declares.
 
     A dim the recipe lets vary must stay symbolic (an exporter that specialized it would serve
-    only the example shape); a fixed dim must have the recipe's value.
+    only the example shape); a fixed dim must have the recipe's value. Declared dims cannot show a length
+    baked into a Reshape: the export itself ran the graph at each probe shape (rlopt.shape_probe), and the
+    count is reported here.
     """
 
     name, inputs = "specialization guard", ("model.onnx",)
@@ -162,10 +169,18 @@ class SpecializationGuard(Stage):
                 raise StageError(located(ctx.recipe_path, f"networks.{ctx.name}.inputs.{name}", problem,
                                          "make forward shape-generic along the recipe's dynamic dims"))
             checked += 1
-        return StageOutput(None, {"inputs_checked": checked})
+        facts: dict[str, Any] = {"inputs_checked": checked}
+        export = ctx.outputs.get("onnx")
+        probe = export.facts.get("shape_probe") if export is not None else None
+        if probe is not None:  # the export ran the graph at these shapes (rlopt.shape_probe)
+            facts["shapes_run"] = len(probe["checked"])
+        return StageOutput(None, facts)
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
-        return f"{out.facts['inputs_checked']} input(s) match the recipe"
+        text = f"{out.facts['inputs_checked']} input(s) match the recipe"
+        if "shapes_run" in out.facts:
+            text += f"; the graph matches PyTorch at {out.facts['shapes_run']} more shape(s)"
+        return text
 
 
 class TensorRTPlanStage(Stage):

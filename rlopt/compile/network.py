@@ -15,7 +15,7 @@ from rlopt.runtime import ranked_backends
 
 
 SCRIPT_FACTS = ("graph_sha256", "weights_sha256")
-EXPORT_FACTS = ("exporter", "export_path", "refused", "trace_refused", "dynamo_refused", "weight_map")
+EXPORT_FACTS = ("exporter", "export_path", "refused", "trace_refused", "dynamo_refused", "shape_probe", "weight_map")
 
 
 def backend_stages(backend: str) -> list[Stage]:

@@ -61,9 +61,10 @@ def _compile(mod: Any, target: Any, out_path: Path, recipe_path: Path, network: 
 
 
 def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe_path: Path,
-            network: str) -> tuple[Any, dict[str, Any]]:
+            network: str, spec: NetworkSpec | None = None) -> tuple[Any, dict[str, Any]]:
+    bounds = None if spec is None else tuple({n: s.dims(p) for n, s in spec.inputs.items()} for p in ("min", "max"))
     try:
-        return import_relax(model, target, shapes, weights_as_params=True)
+        return import_relax(model, target, shapes, weights_as_params=True, bounds=bounds)
     except BackendUnavailable:  # an op the frontend has no converter for: TVM is skipped, the others go on
         raise
     except Exception as exc:  # the TVM frontend raises many error types
@@ -214,7 +215,7 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
                                  "give a TVM JSON target dict such as {kind: llvm, mcpu: znver4}")) from None
     model = onnx.load(str(onnx_path))
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
-    mod, imported = _import(model, target, None, recipe_path, network)
+    mod, imported = _import(model, target, None, recipe_path, network, spec)
     mod = fold_weight_layouts(mod, weights_as_params=True)
     out_path = out_dir / f"tvm-{slug}.so"
     # LLVM code generation and linking run outside the GIL: libraries build side by side, one per core
