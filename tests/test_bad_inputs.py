@@ -152,7 +152,7 @@ def tiny_manifest(tiny_compiled: Path) -> Any:
 @given(document=st.one_of(profiles, values))
 def test_any_warmup_profile_loads_or_is_one_line(tmp_path: Path, tiny_compiled: Path, tiny_manifest: Any,
                                                  document: object) -> None:
-    from rlopt.tools.warmup.profile import WarmupProfile, load_profile
+    from rlopt.warmup_profile import WarmupProfile, load_profile
 
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(document))

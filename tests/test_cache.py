@@ -80,9 +80,9 @@ def test_clear(tmp_path: Path) -> None:
 KEY_NEUTRAL = {
     "rlopt.errors": "the message of a failure, and a failure is never cached",
     "rlopt.lazy": "imports modules by name",
-    "rlopt.stages.base": "StageOutput, the container a stage returns",
-    "rlopt.compile.stage": "the engine's Stage and Context",
+    "rlopt.stages.base": "the Stage interface, its Context and StageOutput",
     "rlopt.manifest": "file hashes, atomic writes and record schemas; a cached record is validated on read",
+    "rlopt.files": "file hashes and records, paths confined to MODEL_DIR",
     "rlopt.machine": "facts about this machine; a machine-dependent stage's key holds the machine's identity",
 }
 # (stage, module) pairs whose code is in the key another way, or reached only where the stage is not cached
@@ -90,7 +90,6 @@ UNCACHED_PATHS = {
     ("TvmBuild", "rlopt.backends.tvm.tuning"): "tunes only with tune_trials > 0, when TvmBuild.cacheable is False",
     ("TvmBuild", "rlopt.backends.tvm.measuring"): "the same tuning path",
     ("TvmBuild", "rlopt.backends.tvm.builder"): "the same tuning path",
-    ("TvmBuild", "rlopt.backends.tvm.cuda"): "decides whether the stage applies, not what it builds",
     ("OpenVinoConvert", "rlopt.backends.base"): "module_missing: whether OpenVINO imports here (a skip, not cached)",
 }
 
@@ -139,7 +138,7 @@ def _reached_modules(stage: type) -> dict[str, str]:
     import types
 
     from rlopt.backends import BACKENDS, open_runner
-    from rlopt.compile.stage import Stage
+    from rlopt.stages.base import Stage
 
     reached: dict[str, str] = {}
     seen: set[object] = set()
@@ -177,7 +176,7 @@ def test_a_cached_stage_key_covers_every_rlopt_module_its_code_can_run() -> None
     import pkgutil
 
     import rlopt
-    from rlopt.compile.stage import Stage
+    from rlopt.stages.base import Stage
 
     for module in pkgutil.walk_packages(rlopt.__path__, "rlopt."):
         if module.name != "rlopt.__main__":

@@ -104,8 +104,8 @@ def summary_table(manifest: Manifest, title: str = "") -> FittedTable:
                 continue
             cells = [f"{_fmt_us(lat.p50)}\n[dim]{_fmt_us(lat.p99)}[/]" if (lat := record.latency_us.get(p)) else "-"
                      for p in points]
-            parity = (f"[yellow]not verified[/]: {escape(record.facts['not_verified'])}"
-                      if record.facts.get("verified") is False else parity_text(record.parity, lines=True))
+            parity = (f"[yellow]not verified[/]: {escape(str(record.facts.not_verified))}"
+                      if record.facts.verified is False else parity_text(record.parity, lines=True))
             file = escape(record.path.rpartition("/")[2]) if record.path else "-"
             table.add_row(name, f"{label}\n[dim]{file}[/]", parity, *cells)
     return table

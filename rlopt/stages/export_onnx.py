@@ -11,7 +11,7 @@ what each earlier path refused, or froze):
    Not tried when the network's own code branches or loops on values or shapes (a trace freezes that branch);
    library internals (nn.LSTM's `batch_first` checks) and conditions on constants and attributes are fine.
 3. `dynamo`: torch.onnx.export(dynamo=True, dynamic_shapes=Dim.AUTO per dynamic dim) from the eager module.
-Each exported graph must then pass the shape probe (rlopt.shape_probe: run at batch 1 and > 1, every
+Each exported graph must then pass the shape probe (rlopt.stages.shape_probe: run at batch 1 and > 1, every
 named length and one unnamed length, against PyTorch); a graph that froze a dim passes the turn to the next
 path. Where none keeps a dim dynamic, compile refuses in one line naming the dim (fix: make it static).
 """
@@ -29,9 +29,9 @@ from typing import Any
 from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.onnx_graph import index_ranges
-from rlopt.recipe import InputSpec, NetworkSpec
+from rlopt.spec import InputSpec, NetworkSpec
 from rlopt.stages.base import StageOutput
-from rlopt.control_flow import control_flow_blockers
+from rlopt.stages.control_flow import control_flow_blockers
 
 EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False) from the scripted module"
 EXPORTERS = {
@@ -202,11 +202,11 @@ def export_onnx(ts_path: Path, spec: NetworkSpec, opset: int, out_path: Path, *,
 
 def weight_map(torch: Any, onnx: Any, model: Any, ts_path: Path, eager: Any, spec: NetworkSpec, opset: int,
                out_path: Path, dynamic_axes: dict[str, dict[int, str]], path: str) -> dict[str, Any]:
-    """The refit map (rlopt.refit.weight_map): the same export path once more, from distinct sentinel weights."""
+    """The refit map (rlopt.stages.weight_map): the same export path once more, from distinct sentinel weights."""
     import copy
     import tempfile
 
-    from rlopt.refit.weight_map import build_weight_map, sentinel_state
+    from rlopt.stages.weight_map import build_weight_map, sentinel_state
 
     module = torch.jit.load(str(ts_path), map_location="cpu") if path == "script" else copy.deepcopy(eager).eval()
     marked = sentinel_state(module.state_dict())
@@ -248,7 +248,7 @@ def _export_chain(torch: Any, scripted: Any, eager: Any, spec: NetworkSpec, opse
                   dynamic_axes: dict[str, dict[int, str]], facts: dict[str, Any], tolerance: tuple[float, float], *,
                   recipe_path: Path, network: str) -> str:
     """The first export path whose graph passes the shape probe; each other one's reason goes into `facts`."""
-    from rlopt.shape_probe import probe_export
+    from rlopt.stages.shape_probe import probe_export
 
     attempts = [("script", scripted)] + ([("trace", eager), ("dynamo", eager)] if eager is not None else [])
     reference = eager.eval() if eager is not None else scripted

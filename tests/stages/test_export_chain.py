@@ -87,13 +87,13 @@ def test_the_dynamo_graph_builds_in_tvm_and_runs_at_an_unnamed_length(
 
     from rlopt.backends.tvm.build import build_tvm
     from rlopt.backends.tvm.params import bind_params, read_params
-    from rlopt.recipe import TvmConfig
+    from rlopt.backends.tvm.config import TvmConfig
 
     _, module, path = dynamic_length
     out = build_tvm(path, TvmConfig(), tmp_path, recipe_path=tmp_path / "r.yaml", network="net")
-    assert any(name.startswith("fused_matmul") for name in out.facts["fused_kernels"])
+    assert any(name.startswith("fused_matmul") for name in out.facts.fused_kernels)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(out.artifact)), tvm.cpu())
-    params = bind_params(tvm, vm, out.facts["param_names"], read_params(tmp_path / "tvm-llvm.params.npz"), tvm.cpu())
+    params = bind_params(tvm, vm, out.facts.param_names, read_params(tmp_path / "tvm-llvm.params.npz"), tvm.cpu())
     rng = np.random.default_rng(2)
     for batch, length in [(1, 1), (3, 37), (4, 64)]:
         tokens = rng.standard_normal((batch, length, 32)).astype(np.float32)

@@ -219,8 +219,8 @@ class GruCellActor(nn.Module):
 
 
 class GruCellWithBatchBranch(GruCellActor):
-    """Not compilable: the scripted GRUCell is refused by the TorchScript exporter, and the branch on the batch
-    size forbids the trace fallback (a trace would freeze it). Refused in one line (exit 2)."""
+    """The scripted GRUCell is refused by the TorchScript exporter, and the branch on the batch size forbids the
+    trace fallback (a trace would freeze it): the dynamo exporter's graph serves it (both branches agree)."""
 
     def forward(self, obs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if obs.size(0) > 1:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlopt.errors import first_line
-from rlopt.recipe import NetworkSpec
+from rlopt.spec import NetworkSpec
 
 Shapes = dict[str, list[int]]
 Group = tuple[int, int, int]  # (min, opt, max) of the dims varied together
@@ -156,7 +156,7 @@ def probe_export(onnx_path: Path, module: Any, spec: NetworkSpec, atol: float, r
     probe the graph fails (raises, other shapes, values off by more than `probe_tolerance(atol, rtol)`)."""
     import torch
 
-    from rlopt.backends.base import flatten_outputs
+    from rlopt.arrays import flatten_outputs
     from rlopt.reference import embedding_range, one_torch_thread, random_input
 
     atol, rtol = probe_tolerance(atol, rtol)

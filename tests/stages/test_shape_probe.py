@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rlopt.recipe import NetworkSpec
-from rlopt.shape_probe import probe_export, probe_shapes, probe_tolerance, unnamed_value
+from rlopt.stages.shape_probe import probe_export, probe_shapes, probe_tolerance, unnamed_value
 
 
 def _spec(**inputs: list[list[int]]) -> NetworkSpec:
