@@ -105,7 +105,7 @@ def _warmup() -> FittedTable:
 
 def _tune() -> FittedTable:
     from rlopt.backends.tvm.tuning import Task, TuneResult
-    from rlopt.tools.tune.progress import result_table
+    from rlopt.render.tune import result_table
 
     tasks = [Task("fused_matmul1_add1_relu1", None, None, ["policy[input0=1x1x768]", "value[input0=1x1x768]",
                                                            "policy[input0=4x8x768]"], done=64, best_us=12.3),
