@@ -74,11 +74,11 @@ class AutoTuning(Protocol):
         ...
 
     def choose(self, alone: Table, together: Table | None, artifact_bytes: int,
-               margins: Mapping[str, float] | None = None) -> TunedRoute | None:
+               margins: Mapping[str, float] | None = None, cpu: Table | None = None) -> TunedRoute | None:
         """Per shape label, one configuration: `alone` / `together` map each configuration ('' for the artifact's
-        own, else a `variants` name) to its latency per label; `margins[label]`: how much faster another
-        configuration must be to replace the artifact's own (the measurement's noise); None: keep the artifact's own
-        everywhere."""
+        own, else a `variants` name) to its latency per label; `margins[label]`: how much faster a configuration
+        must be to count as faster (the measurement's noise); `cpu`: the CPU time per call of the configurations
+        that compute on the calling thread alone; None: keep the artifact's own everywhere."""
         ...
 
 

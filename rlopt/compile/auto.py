@@ -81,7 +81,8 @@ def one_thread_subjects(record: NetworkRecord, contenders: list[str], variants: 
 
 
 def tune_backends(record: NetworkRecord, variants: Variants, alone: Table, together: Table | None,
-                  margins: Mapping[str, float] | None = None) -> tuple[dict[str, TunedRoute], Table, Table | None]:
+                  margins: Mapping[str, float] | None = None,
+                  cpu: Table | None = None) -> tuple[dict[str, TunedRoute], Table, Table | None]:
     """Each backend with configurations of its own picks one per shape (`AutoTuning.choose`); the tables with its
     row as picked, for `choose_route` (its other configurations' rows stay, as measured)."""
     tuned: dict[str, TunedRoute] = {}
@@ -91,7 +92,8 @@ def tune_backends(record: NetworkRecord, variants: Variants, alone: Table, toget
         keys = {name: subject_key(backend, name) for name in ["", *names]}
         rows_alone = {name: alone[key] for name, key in keys.items() if key in alone}
         rows_together = {name: together[key] for name, key in keys.items() if key in together} if together else None
-        choice = tuning.choose(rows_alone, rows_together, record.artifacts[backend].bytes or 0, margins) \
+        rows_cpu = {name: (cpu or {})[key] for name, key in keys.items() if key in (cpu or {})}
+        choice = tuning.choose(rows_alone, rows_together, record.artifacts[backend].bytes or 0, margins, rows_cpu) \
             if tuning else None
         if choice is None:
             continue
@@ -130,9 +132,10 @@ class Question:
         """The route these tables give (`tune_backends`, then `choose_route`)."""
         margins = margins_of(aa_noise(measured.alone))
         variants = self.variants if not self.why else {}
-        tuned, alone, together = tune_backends(self.record, variants, measured.alone, measured.together or None,
-                                               margins)
         single = one_thread_subjects(self.record, self.contenders, variants)
+        one_thread_cpu = {key: measured.cpu[key] for keys in single.values() for key in keys if key in measured.cpu}
+        tuned, alone, together = tune_backends(self.record, variants, measured.alone, measured.together or None,
+                                               margins, one_thread_cpu)
         cpu = {backend: measured.cpu[keys[0]] for backend, keys in single.items() if keys[0] in measured.cpu}
         pools = {backend: [label for label, name in tuned[backend].configurations.items()
                            if subject_key(backend, name) not in single.get(backend, [])] for backend in tuned}

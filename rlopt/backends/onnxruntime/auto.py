@@ -18,6 +18,7 @@ from rlopt.facts import OTHER
 ONE_THREAD = "1 thread"  # the configuration: one intra-op thread, no pool to spin or to wake
 POOL = ""  # the artifact's own configuration: ONNX Runtime's default pool
 NOISE = 0.05  # one configuration's worst shape must be this much worse to move a graph too large for two sessions
+POOL_WORTH_US = 100.0  # one thread's CPU time per call from which a pool can gain: a tie there goes to the pool
 
 
 def _worst_ratio(slow: Mapping[str, float], fast: Mapping[str, float]) -> tuple[float, str]:
@@ -35,24 +36,34 @@ class OnnxRuntimeThreads:
         return {ONE_THREAD: {"intra_op_threads": 1}} if cores > 1 and facts.intra_op_threads != 1 else {}
 
     def choose(self, alone: Table, together: Table | None, artifact_bytes: int,
-               margins: Mapping[str, float] | None = None) -> TunedRoute | None:
-        """Each shape label keeps the default pool unless one thread is clearly faster there (by `margins[label]`,
-        at least NOISE): a pool timed while other processes hold a core reads slower than it runs on a quiet
-        machine, where it was up to 1.9x faster than one thread at the default policy's larger shapes, while
-        one thread never beats it there by more than the noise; so a busy build machine does not send such a shape
-        to one thread. The session's own configuration is the one at OTHER (the shapes without a point of their
-        own), else the one most labels take (the pool on a tie), and the labels that differ get a session of their own: the bench
-        judges every shape against the faster of the two, and one configuration per network would trade a shape's
-        loss against another's gain. A graph too large to open twice keeps one configuration: the pool when one
-        thread's worst shape is over NOISE and over NOISE worse than the pool's worst, else one thread."""
+               margins: Mapping[str, float] | None = None, cpu: Table | None = None) -> TunedRoute | None:
+        """Per shape label, the configuration that is clearly faster (by `margins[label]`, at least NOISE); within
+        the margin, the pool where one thread's call is long enough for a pool to gain (POOL_WORTH_US of CPU time per
+        call, `cpu[ONE_THREAD]`, else its wall time), one thread below. A pool timed while other processes hold a
+        core reads about one thread's speed, while on a quiet machine it was 1.37x / 1.58x faster at the default
+        policy's opt and max (145 / 475 us on one thread): a busy build machine must not send those to one thread.
+        Below ~100 us (the 64- and 256-row MLPs) the pool's gain was within +-15% and changed sign within minutes,
+        and one thread is the cheaper bet. The session's own configuration is the one at OTHER (the shapes without
+        a point of their own), else the one most labels take (the pool on a tie), and the labels that differ get a
+        session of their own: the bench judges every shape against the faster of the two, and one configuration per
+        network would trade a shape's loss against another's gain. A graph too large to open twice keeps one
+        configuration: the pool when one thread's worst shape is over NOISE and over NOISE worse than the pool's
+        worst, else one thread."""
         if ONE_THREAD not in alone or POOL not in alone:
             return None
         one, pool = alone[ONE_THREAD], alone[POOL]
         labels = [label for label in one if label in pool and one[label] > 0 and pool[label] > 0]
         if not labels:
             return None
-        pooled = {label: not clearly_faster(one[label], pool[label], max(NOISE, (margins or {}).get(label, NOISE)))
-                  for label in labels}
+        work = (cpu or {}).get(ONE_THREAD, one)
+
+        def pool_at(label: str) -> bool:
+            margin = max(NOISE, (margins or {}).get(label, NOISE))
+            if work.get(label, one[label]) >= POOL_WORTH_US:
+                return not clearly_faster(one[label], pool[label], margin)
+            return clearly_faster(pool[label], one[label], margin)
+
+        pooled = {label: pool_at(label) for label in labels}
         if artifact_bytes <= SECOND_SESSION_MAX_BYTES:
             default = pooled[OTHER] if OTHER in pooled else sum(pooled.values()) * 2 >= len(pooled)
         else:
@@ -99,4 +110,4 @@ def upgrade_v1_facts(network: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-__all__ = ["ONE_THREAD", "THREADS", "OnnxRuntimeThreads", "upgrade_v1_facts"]
+__all__ = ["ONE_THREAD", "POOL_WORTH_US", "THREADS", "OnnxRuntimeThreads", "upgrade_v1_facts"]
