@@ -63,19 +63,22 @@ def subject_cells(key: str, runner: Runner, backend: str, record: NetworkRecord,
 
 
 def timed_block(call: Call, count: int) -> tuple[float, float]:
-    """Median of `count` timed calls, and the calling thread's CPU time per timed call, both in us; a block of
-    several starts with an untimed call (a single call longer than a whole block's budget is not worth doubling).
-    The CPU time does not count the time this thread waited for a core: for a call that computes on the calling
-    thread alone it is what the call costs whatever else runs on the machine."""
+    """Median of `count` timed calls, and the median of the calling thread's CPU time per call, both in us; a block
+    of several starts with an untimed call (a single call longer than a whole block's budget is not worth
+    doubling). The CPU time does not count the time this thread waited for a core: for a call that computes on the
+    calling thread alone it is what the call costs whatever else runs on the machine (the median, as the wall
+    figure's: a block's mean counted the first call after the idle gap, whose cold caches cost a 19 us TVM call
+    36 us)."""
     if count > 1:
         call()
-    samples = []
-    cpu = time.thread_time_ns()
+    walls, cpus = [], []
     for _ in range(count):
+        cpu = time.thread_time_ns()
         start = time.perf_counter_ns()
         call()
-        samples.append(time.perf_counter_ns() - start)
-    return float(np.median(samples)) / 1e3, (time.thread_time_ns() - cpu) / count / 1e3
+        walls.append(time.perf_counter_ns() - start)
+        cpus.append(time.thread_time_ns() - cpu)
+    return float(np.median(walls)) / 1e3, float(np.median(cpus)) / 1e3
 
 
 def block_median(call: Call, count: int) -> float:
