@@ -71,6 +71,17 @@ def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe
                                  "or drop tvm from backends")) from None
 
 
+def _scheduled_by_rules(mod: Any, target: Any, config: TvmConfig) -> tuple[Any, dict[str, str]]:
+    """`mod` with rlopt's schedule rules applied to every kernel without a tuning record (unless the recipe turned
+    them off), and kernel -> rule for the kernels a rule scheduled."""
+    if not config.schedule_rules:
+        return mod, {}
+    from rlopt.backends.tvm.schedules import apply_rules
+
+    mod, report = apply_rules(mod, target)
+    return mod, report.scheduled
+
+
 def kernel_split(mod: Any) -> tuple[list[str], list[str]]:
     """(tuned, untuned) kernels with arithmetic; pure data movement (take, reshape) is never tuned, so not listed."""
     analysis = require("tvm.s_tir.analysis")
@@ -212,6 +223,7 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     model = onnx.load(str(onnx_path))
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
     mod, imported = _import(model, target, None, recipe_path, network)
+    mod, imported["rule_kernels"] = _scheduled_by_rules(mod, target, config)
     mod = fold_weight_layouts(mod, weights_as_params=True)
     out_path = out_dir / f"tvm-{slug}.so"
     # LLVM code generation and linking run outside the GIL: libraries build side by side, one per core
@@ -236,6 +248,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
     weights = imported.pop("params")
     facts: dict[str, Any] = {"param_names": list(weights), "target": target_dict, "cpu_features": required_cpu_features(target_dict),
                              "tuned": False, "fused_kernels": imported["fused_kernels"],
+                             "rule_kernels": imported["rule_kernels"],
                              "shape_comparisons_tensorized": imported["shape_comparisons_tensorized"],
                              "pipeline": PIPELINE, "tvm": tvm.__version__}
     if spec is None:
@@ -258,11 +271,14 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         if database is not None:
             static = apply_database(static, target, database)
         tuned, untuned = kernel_split(static)
+        static, rules = _scheduled_by_rules(static, target, config)
         static = fold_weight_layouts(static, weights_as_params=True)
         path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
         _compile(static, target, path, recipe_path, network)
         return {"points": workload.points, "shapes": workload.shapes, "output_shapes": output_shapes(static),
-                "tuned_kernels": tuned, "untuned_kernels": untuned, "param_names": list(static_facts["params"]),
+                "tuned_kernels": tuned, "untuned_kernels": untuned, "rule_kernels": rules,
+                "default_kernels": [name for name in untuned if name not in rules],
+                "param_names": list(static_facts["params"]),
                 "ifs_folded": static_facts.get("ifs_folded", 0), "weights": static_facts["params"]}, path
 
     statics = [pool.submit(build_static, workload) for workload in workloads]
@@ -291,9 +307,21 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                            + (f" with the {db_dir.name} database{' (borrowed)' if choice.borrowed else ''} "
                               f"({choice.reason})" if choice.found and db_dir.name != target_key(target_dict) else "")
                            + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
-                              else "")),
+                              else "") + _rules_summary(builds)),
     })
     return StageOutput(out_path, facts)
+
+
+def _rules_summary(builds: list[dict[str, Any]]) -> str:
+    """'; rules scheduled 6/6 untuned kernels (dense 4, rows 2)' over every shape's library, or ''."""
+    from collections import Counter
+
+    untuned = sum(len(b["untuned_kernels"]) for b in builds)
+    used = Counter(rule for b in builds for name, rule in b["rule_kernels"].items() if name in b["untuned_kernels"])
+    if not untuned:
+        return ""
+    return (f"; rules scheduled {sum(used.values())}/{untuned} untuned kernels"
+            + (f" ({', '.join(f'{rule} {count}' for rule, count in sorted(used.items()))})" if used else ""))
 
 
 def _merge_weights(known: dict[str, Any], more: dict[str, Any], recipe_path: Path, network: str) -> dict[str, Any]:

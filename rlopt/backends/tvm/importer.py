@@ -336,6 +336,7 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *,
     """
     relax = require("tvm.relax")
     from_onnx = require("tvm.relax.frontend.onnx").from_onnx
+    from rlopt.backends.tvm.fast_sigmoid import fast_sigmoid
 
     check_supported(onnx_model)
     model, facts = prepare_onnx(onnx_model, shapes)
@@ -348,7 +349,7 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *,
         mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         # tanh/exp/erf lower to scalar libm calls per element (tanh was ~60% of the tuned value head at
         # [8,16,768]); the fast forms vectorize, differ by ~3e-7 here, and the parity gate checks them anyway
-        mod = relax.transform.FastMathTransform()(mod)
+        mod = fast_sigmoid(relax.transform.FastMathTransform()(mod))
         facts["fast_math"] = True
         with target:
             mod = _fused_with_params(mod) if weights_as_params else relax.get_pipeline("zero")(mod)
