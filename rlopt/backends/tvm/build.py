@@ -71,15 +71,15 @@ def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe
                                  "or drop tvm from backends")) from None
 
 
-def _scheduled_by_rules(mod: Any, target: Any, config: TvmConfig) -> tuple[Any, dict[str, str]]:
+def _scheduled_by_rules(mod: Any, target: Any, config: TvmConfig) -> tuple[Any, dict[str, str], list[str]]:
     """`mod` with rlopt's schedule rules applied to every kernel without a tuning record (unless the recipe turned
-    them off), and kernel -> rule for the kernels a rule scheduled."""
+    them off), kernel -> rule for the kernels a rule scheduled, and those of them with a parallel loop."""
     if not config.schedule_rules:
-        return mod, {}
+        return mod, {}, []
     from rlopt.backends.tvm.schedules import apply_rules
 
     mod, report = apply_rules(mod, target)
-    return mod, report.scheduled
+    return mod, report.scheduled, report.parallel
 
 
 def kernel_split(mod: Any) -> tuple[list[str], list[str]]:
@@ -223,7 +223,7 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     model = onnx.load(str(onnx_path))
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
     mod, imported = _import(model, target, None, recipe_path, network)
-    mod, imported["rule_kernels"] = _scheduled_by_rules(mod, target, config)
+    mod, imported["rule_kernels"], _ = _scheduled_by_rules(mod, target, config)
     mod = fold_weight_layouts(mod, weights_as_params=True)
     out_path = out_dir / f"tvm-{slug}.so"
     # LLVM code generation and linking run outside the GIL: libraries build side by side, one per core
@@ -271,13 +271,13 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         if database is not None:
             static = apply_database(static, target, database)
         tuned, untuned = kernel_split(static)
-        static, rules = _scheduled_by_rules(static, target, config)
+        static, rules, parallel = _scheduled_by_rules(static, target, config)
         static = fold_weight_layouts(static, weights_as_params=True)
         path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
         _compile(static, target, path, recipe_path, network)
         return {"points": workload.points, "shapes": workload.shapes, "output_shapes": output_shapes(static),
                 "tuned_kernels": tuned, "untuned_kernels": untuned, "rule_kernels": rules,
-                "default_kernels": [name for name in untuned if name not in rules],
+                "default_kernels": [name for name in untuned if name not in rules], "parallel_kernels": parallel,
                 "param_names": list(static_facts["params"]),
                 "ifs_folded": static_facts.get("ifs_folded", 0), "weights": static_facts["params"]}, path
 
@@ -292,8 +292,10 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                  in zip(workloads, builds, done)]
     for build, (_, path, _) in zip(builds, libraries):
         build["file"] = file_record(out_dir.parent, path).model_dump()
-    # untuned kernels run serially (no parallel loops), so only tuned libraries say what threads are worth
-    tuned_libraries = [lib for lib, build in zip(libraries, builds) if build["tuned_kernels"]]
+    # kernels with TVM's default loops run serially, so only libraries with tuned kernels or rule-scheduled parallel
+    # loops say what threads are worth
+    tuned_libraries = [lib for lib, build in zip(libraries, builds)
+                       if build["tuned_kernels"] or build["parallel_kernels"]]
     threads, thread_table = choose_threads(tuned_libraries, {n: s.dtype for n, s in spec.inputs.items()},
                                            int(target_dict.get("num-cores") or 1), weights)
     missing = [f"{b['points'][0]} {file_slug(b['shapes'])}" for b in builds if b["untuned_kernels"]]

@@ -23,6 +23,8 @@ class ShapeBuild(Facts):
                                          "scheduled it (rlopt.backends.tvm.schedules), for kernels with no record")
     default_kernels: list[str] = Field(default_factory=list, description="untuned kernels no rule scheduled: TVM's "
                                        "default loops")
+    parallel_kernels: list[str] = Field(default_factory=list, description="rule-scheduled kernels whose tiles are "
+                                        "split among TVM's threads")
     ifs_folded: int = 0
     param_names: list[str] = Field(default_factory=list, description="the weights its main takes, in order")
     file: FileRef | None = Field(None, description="the library, next to the dynamic one")

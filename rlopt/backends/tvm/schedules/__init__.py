@@ -29,11 +29,17 @@ class RuleReport:
 
     scheduled: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    parallel: list[str] = field(default_factory=list)  # scheduled kernels with a loop split among TVM's threads
 
 
 def is_scheduled(func: Any) -> bool:
     attrs = func.attrs
     return attrs is not None and bool(attrs.get("tirx.is_scheduled", False))
+
+
+def has_parallel_loop(sch: Any) -> bool:
+    """Whether the schedule split a loop among TVM's threads."""
+    return any(inst.kind.name == "Parallel" for inst in sch.trace.insts)
 
 
 def apply_rules(mod: Any, target: Any, rules: list[Rule] | None = None) -> tuple[Any, RuleReport]:
@@ -58,6 +64,8 @@ def apply_rules(mod: Any, target: Any, rules: list[Rule] | None = None) -> tuple
                 continue
             updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
             report.scheduled[gv.name_hint] = name
+            if has_parallel_loop(sch):
+                report.parallel.append(gv.name_hint)
             break
         else:
             report.refused[gv.name_hint] = "; ".join(reasons)

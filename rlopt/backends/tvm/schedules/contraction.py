@@ -20,6 +20,9 @@ from rlopt.backends.tvm.schedules.gemm import Tile, gemm_tile
 from rlopt.backends.tvm.schedules.target import VectorUnit
 from rlopt.lazy import require
 
+PARALLEL_MIN_MACS = 1 << 21  # ~15 us on one core: a fork-join of TVM's pool (~1-2 us with spinning workers) pays
+PARALLEL_MIN_BYTES = 1 << 20  # a weight of 1 MB or more streams from L2 or beyond at a core's bandwidth
+
 
 @dataclass
 class Roles:
@@ -207,8 +210,10 @@ def vectorize_inner(sch: Any, block: Any, lanes: int, outer: int = 0) -> None:
 
 
 def schedule_tile(sch: Any, block: Any, tile: Tile, epilogue: Any, n_batch: int, n_reduce: int,
-                  contiguous_out: bool) -> None:
-    """Tile the canonical (*batch, M, N, *reduce) loops by `tile`; the epilogue runs per tile."""
+                  contiguous_out: bool, parallel: bool) -> None:
+    """Tile the canonical (*batch, M, N, *reduce) loops by `tile`; the epilogue runs per tile. With `parallel`,
+    the tiles (column panels outermost, so each thread streams its own share of the weight) are split among
+    TVM's threads."""
     loops = sch.get_loops(block)
     outer, (m, n), ks = loops[:n_batch], loops[n_batch:n_batch + 2], loops[n_batch + 2:]
     assert len(ks) == n_reduce
@@ -217,6 +222,8 @@ def schedule_tile(sch: Any, block: Any, tile: Tile, epilogue: Any, n_batch: int,
     nj, lane = sch.split(ni, [None, tile.lanes])
     sch.reorder(*outer, no, mo, *ks, mi, nj, lane)
     sch.reverse_compute_at(epilogue, mo, preserve_unit_loops=True)
+    if parallel:
+        sch.parallel(sch.fuse(*outer, no, mo))
     if contiguous_out:
         vectorize_inner(sch, epilogue, tile.lanes)
     sch.unroll(mi)
@@ -252,5 +259,25 @@ def schedule(func: Any, unit: VectorUnit, conv: bool) -> Any:
         pack_weight(sch, block, r, tile.width)
     elif not r.b_packable and len(r.reduce) != 1:
         raise Refused("B cannot be packed")
-    schedule_tile(sch, block, tile, epilogue, len(r.batch), len(r.reduce), contiguous_out)
+    parallel = worth_threads(sch, block, r, tile)
+    schedule_tile(sch, block, tile, epilogue, len(r.batch), len(r.reduce), contiguous_out, parallel)
     return sch
+
+
+def worth_threads(sch: Any, block: Any, r: Roles, tile: Tile) -> bool:
+    """Whether the tiles go to TVM's thread pool: enough multiply-adds, or enough weight to stream (a one-row
+    product is bound by memory bandwidth, which a second core adds), and at least two tiles; the build then
+    measures whether more than one thread pays (build.choose_threads)."""
+    loops = sch.get_loops(block)
+    extents = [static_extent(sch.get(loop).extent) for loop in loops]
+    if any(e is None for e in extents):
+        return False
+    macs = 1
+    for extent in extents:
+        macs *= extent
+    m, n = extents[len(r.batch)], extents[len(r.batch) + 1]
+    tiles = -(-m // tile.rows) * -(-n // tile.width)
+    for extent in extents[:len(r.batch)]:
+        tiles *= extent
+    weight_bytes = 4 * macs // max(1, m) if r.b_packable else 0
+    return tiles >= 2 and (macs >= PARALLEL_MIN_MACS or weight_bytes >= PARALLEL_MIN_BYTES)

@@ -17,6 +17,7 @@ from rlopt.backends.tvm.schedules.target import VectorUnit
 from rlopt.lazy import require
 
 NAME = "rows"
+PARALLEL_MIN_ELEMENTS = 1 << 15  # rows go to TVM's thread pool from ~10 us of work on one core
 
 
 def _leading_spatial(sch: Any, block: Any) -> int:
@@ -75,8 +76,15 @@ def schedule(func: Any, unit: VectorUnit) -> Any:
     last = blocks[-1]
     row_loops = sch.get_loops(last)[:rows]
     row = sch.fuse(*row_loops) if rows > 1 else row_loops[0]
+    elements = 1
+    for loop in sch.get_loops(last):
+        extent = static_extent(sch.get(loop).extent)
+        elements = elements * extent if extent is not None and elements is not None else None
+    row_count = static_extent(sch.get(row).extent)
     for block in reversed(root_blocks(sch)[:-1]):
         sch.compute_at(block, row, preserve_unit_loops=True)
+    if elements is not None and elements >= PARALLEL_MIN_ELEMENTS and row_count is not None and row_count >= 2:
+        sch.parallel(row)  # before the reductions are decomposed: TVM checks the loop's dataflow here
     for partial in partials:
         # under the row loop: [row, lane, (unit loops), k outer]; the lanes go innermost, one vector per k step
         loops = sch.get_loops(partial)
@@ -87,4 +95,5 @@ def schedule(func: Any, unit: VectorUnit) -> Any:
     for block in blocks:
         if not is_reduction(sch, block):
             vectorize_inner(sch, block, unit.lanes, outer=1)
+
     return sch
