@@ -6,7 +6,9 @@
   branch of shape-only Ifs inlined and every kernel that has a record in the recipe's tuning
   database (`<recipe>.tuning/<kind-mcpu>/`, see rlopt.backends.tvm.tuning) replaced by its tuned schedule.
   The runtime dispatches to it on an exact shape match. Kernels without a record are listed
-  (`untuned_kernels`), so a user sees which workloads `rlopt tune` still has to cover.
+  (`untuned_kernels`), so a user sees which workloads `rlopt tune` still has to cover, and get a rule schedule
+  (rlopt.backends.tvm.schedules; `rule_kernels`, or `default_kernels` where no rule applies), as the dynamic
+  library's kernels do.
 - The target is completed for this host (mcpu, num-cores); the ISA features that mcpu implies
   are recorded, so a runtime on a CPU without them refuses to load instead of dying on SIGILL.
 - The weights are parameters, not constants: every library takes them after the inputs, and one params

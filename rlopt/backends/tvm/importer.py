@@ -12,7 +12,8 @@ Three measured traps shape it (shared notes, and checked by tests):
 - A graph with an If imports without dataflow blocks, so nothing fuses, and
   `get_default_pipeline` then miscompiles the If. `ConvertToDataflow` followed by the "zero"
   pipeline fuses and is exact.
-- tanh/exp/erf become their fast vectorizable forms (FastMathTransform), see import_relax.
+- tanh/exp/erf become their fast vectorizable forms (FastMathTransform), sigmoid goes through fast_tanh
+  (fast_sigmoid.py), see import_relax.
 """
 
 from __future__ import annotations
