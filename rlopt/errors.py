@@ -1,4 +1,19 @@
-"""Typed errors, each mapped to the contract's exit code in one place (`exit_code`)."""
+"""Typed errors, each mapped to the contract's exit code in one place (`exit_code`, read by `rlopt.cli.main`).
+
+The one error policy, by whose fault it is:
+- the user's (a recipe, profile, command line, model code, checkpoint, or a MODEL_DIR that is missing, corrupt or
+  from an incompatible rlopt): RecipeError, UsageError, ProfileError, ArtifactError, and StageError from the front
+  end (the model cannot be scripted or exported: no backend could build anything). One line naming the file, the
+  field and the fix; exit 2.
+- a backend's (its library missing or unable to start here, or unable to build, load or run this model):
+  BackendUnavailable (skipped with the reason; `rlopt verify` says "unverified here"), StageError from a backend's
+  own stage (skipped as "build failed: ...", and the compile fails: exit 1), an exception from a runner on recorded
+  inputs (a failed verification naming the artifact: exit 1). VerificationError is a failed gate: exit 1.
+- ours (a bug in rlopt): any other exception; `rlopt.cli.main` says so in one line with the log holding the
+  traceback; exit 3.
+Code that catches a library's `Exception` turns it into one of the above where it is caught, and says which in a
+comment (tests/test_error_policy.py keeps every such site commented).
+"""
 
 from __future__ import annotations
 
@@ -49,7 +64,8 @@ class ProfileError(RloptError):
 
 
 class StageError(RloptError):
-    """A stage could not turn the user's model into its artifact (exit 2)."""
+    """A stage could not turn the user's model into its artifact. From the front end it ends the compile (exit 2);
+    from a backend's stage it ends that backend: skipped as "build failed", and the compile fails (exit 1)."""
 
 
 class ArtifactError(RloptError):
@@ -63,7 +79,12 @@ class VerificationError(RloptError):
 
 
 class BackendUnavailable(RloptError):
-    """A backend cannot run on this machine; the reason goes into the manifest as `skipped`."""
+    """A backend cannot run on this machine; the reason goes into the manifest as `skipped`, with the `facts` its
+    build had settled before it stopped (TensorRT's plan), if any."""
+
+    def __init__(self, message: str, facts: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.facts = dict(facts or {})
 
 
 # the one-line explanation of a pydantic error, for every file rlopt validates (recipes, profiles)

@@ -1,12 +1,12 @@
 """Typed facts: what compile records about an artifact or a network, and what the runtime reads back.
 
-In manifest.json `facts` stays a plain JSON object (the manifest's records hold it as a dict, and compile writes
-dicts); these models are its typed view. Each backend's model lives beside its runner (`rlopt/backends/<name>/
-facts.py`, named by its `Backend.facts`); the network-level facts and the base every backend model extends live
-here. Every model keeps keys it does not declare (extra="allow"), so a fact written today is never dropped or
-refused; the declared ones are type-checked when manifest.json is read (`rlopt.manifest.read_manifest`).
+The manifest stores these models (`rlopt.manifest`): a writer builds one, the manifest validates every `facts` object
+against its model when it is read, and readers use attributes. Every model refuses a key it does not declare
+(extra="forbid"), so a misspelled fact fails where it is written or read. Each backend's artifact model lives beside
+its runner (`rlopt/backends/<name>/facts.py`, named by its `Backend.facts`); the network-level facts and the base
+every backend's model extends live here.
 
-Imports nothing but pydantic: the runtime reads these without torch, tvm or any compile code.
+Imports nothing but pydantic and the parity models: the runtime reads these without torch, tvm or compile code.
 """
 
 from __future__ import annotations
@@ -16,11 +16,16 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlopt.files import FileRecord
+from rlopt.parity import OutputParity
+
+OTHER = "other"  # a route's pseudo-shape: every shape without a named point of its own
+
 
 class Facts(BaseModel):
-    """A typed view of a `facts` object: declared keys are checked, every other key is kept as it was written."""
+    """A `facts` object: declared keys only, type-checked; `as_dict` gives back exactly the keys that were set."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     @classmethod
     def of(cls, facts: Facts | Mapping[str, Any] | None) -> Self:
@@ -32,16 +37,17 @@ class Facts(BaseModel):
         return cls.model_validate(dict(facts or {}))
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON object these facts came from: only keys that were given (defaults are not added)."""
+        """The JSON object: only keys that were given (defaults are not added)."""
         return self.model_dump(mode="json", exclude_unset=True)
 
+    def updated(self, **fields: Any) -> Self:
+        """A copy with `fields` set (validated: an undeclared or wrong-typed fact fails here)."""
+        return type(self).model_validate({**self.as_dict(), **_json(fields)})
 
-class FileRef(Facts):
-    """A file listed inside facts (TVM's per-shape libraries): relative to MODEL_DIR, checked like any artifact."""
 
-    path: str
-    sha256: str
-    bytes: int
+def _json(fields: dict[str, Any]) -> dict[str, Any]:
+    return {key: value.as_dict() if isinstance(value, Facts) else
+            value.model_dump(mode="json") if isinstance(value, BaseModel) else value for key, value in fields.items()}
 
 
 class ParityGate(Facts):
@@ -54,10 +60,17 @@ class ParityGate(Facts):
 
 
 class VariantParity(Facts):
-    """The parity gate's verdict on one code path of an artifact (a Parity record, or `error` when it raised)."""
+    """The parity gate's verdict on one code path of an artifact: a Parity record, or `error` when it raised."""
 
     passed: bool = False
     error: str | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    kl: float | None = None
+    argmax_agree: float | None = None
+    compared: int | None = None
+    shapes: list[str] | None = None
+    outputs: list[OutputParity] | None = None
 
 
 class GpuIdentity(Facts):
@@ -68,6 +81,13 @@ class GpuIdentity(Facts):
     driver: str | None = None
     cuda_runtime: str | None = Field(None, description="the CUDA runtime of torch's build")
     tensorrt: str | None = None
+
+    def line(self) -> str:
+        """'GPU NVIDIA A10G (compute 8.6), driver 550.54.15, CUDA 12.8, TensorRT 10.13.3.9': where it was built."""
+        parts = [f"driver {self.driver}" if self.driver else "", f"CUDA {self.cuda_runtime}" if self.cuda_runtime else "",
+                 f"TensorRT {self.tensorrt}" if self.tensorrt else ""]
+        compute = f" (compute {self.compute_capability})" if self.compute_capability else ""
+        return f"GPU {self.name or '(name unknown)'}{compute}" + "".join(f", {part}" for part in parts if part)
 
 
 class ArtifactFacts(Facts):
@@ -85,14 +105,35 @@ class ArtifactFacts(Facts):
     variant_latency_us: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="per code path: p50 latency per named point (opt), for `auto`")
 
-    def companion_files(self) -> list[FileRef]:
+    def with_verdicts(self, verdicts: Mapping[str, Any]) -> Self:
+        """A copy with the parity gate's `verdicts` (code path -> Parity record or {passed, error}) recorded."""
+        if not verdicts:
+            return self
+        merged = {**{k: v.as_dict() for k, v in self.variant_parity.items()}, **verdicts}
+        return self.updated(variant_parity=merged)
+
+    def companion_files(self) -> list[FileRecord]:
         """Files that travel with the artifact and are loaded with it (checked like it); none by default."""
         return []
 
-    def files_serving(self, point: str) -> list[FileRef] | None:
+    def files_serving(self, point: str) -> list[FileRecord] | None:
         """The companion files that alone compute named point `point`, or None: the artifact itself (and every
         companion) serves it. How refit's latency check tells which bytes a timing at a shape ran."""
         return None
+
+    def summary(self) -> list[str]:
+        """Lines `rlopt inspect` shows for the artifact beyond its parity and latency: the GPU it was built on."""
+        return [self.gpu.line()] if self.gpu is not None else []
+
+    def serving_variant(self) -> str | None:
+        """The code path (a `variant_parity` key) that serves shapes without a build of their own, None where the
+        artifact itself serves every shape (TVM: its padded or dynamic library)."""
+        return None
+
+    def route_detail(self, label: str) -> str:
+        """How the artifact runs at shape label `label` once a route's options are applied, beyond its backend's name
+        ('' when nothing more): what `rlopt diff` names a route by."""
+        return ""
 
     def gate_passed(self, variant: str) -> bool:
         """Whether compile's parity gate passed `variant` (variant_parity.<variant>.passed)."""
@@ -100,27 +141,47 @@ class ArtifactFacts(Facts):
         return verdict is not None and verdict.passed
 
 
-class TensorRTPlanFacts(Facts):
-    """The validated TensorRT plan: optimization profiles and builder settings (network facts.tensorrt_plan)."""
+class ModelSourceFacts(Facts):
+    """How `rlopt refit` rebuilds the eager model: a factory (its file made absolute), kwargs and seed; or an SB3 zip."""
 
-    profiles: list[dict[str, dict[str, list[int]]]] = Field(default_factory=list)
-    precision: str | None = None
-    precision_source: str | None = None
-    workspace_mb: int | None = None
-    refittable: bool | None = None
-    builder_optimization_level: int | None = None
-    timing_cache: str | None = None
-    time_budget_s: float | None = None
-    tf32: bool | None = Field(None, description="whether fp32 layers may run in TF32 (tensorrt.tf32)")
+    factory: str | None = None
+    kwargs: dict[str, Any] | None = None
+    seed: int | None = None
+    sb3: bool | None = None
+
+
+class ScriptFacts(Facts):
+    """The scripted module's digests: the graph (code) and the weights apart, so a refit keeps the first."""
+
+    graph_sha256: str | None = None
+    weights_sha256: str | None = None
+
+
+class ExportFacts(Facts):
+    """How the ONNX graph was exported, and the map refit writes new weights through."""
+
+    exporter: str | None = None
+    export_path: str | None = Field(None, description="script, trace or dynamo")
+    refused: str | None = Field(None, description="what the TorchScript exporter refused, when it did")
+    trace_refused: str | None = None
+    dynamo_refused: str | None = None
+    shape_probe: dict[str, Any] | None = Field(None, description="rlopt.stages.shape_probe: the shapes the graph ran at")
+    weight_map: dict[str, Any] | None = Field(None, description="rlopt.stages.weight_map: initializer -> state key")
 
 
 class PadGemmFacts(Facts):
-    """GEMM padding of the exported graph (network facts.pad_gemm); `padded`, `skipped`, `exactness` kept as written."""
+    """GEMM padding of the exported graph: what was padded, skipped and sliced, and how exact it stayed."""
 
     applied: bool = False
-    pad_gemm: int | str | None = None
+    pad_gemm: int | str | None = Field(None, description="the recipe's setting, when nothing was padded")
     reason: str | None = None
-    dropped: str | None = None
+    dropped: str | None = Field(None, description="why the padded graph was not kept (not exact)")
+    multiple: int | None = None
+    padded: list[Any] | None = None
+    sliced_outputs: list[Any] | None = None
+    skipped: list[Any] | None = None
+    already_aligned: Any = None
+    exactness: dict[str, Any] | None = Field(None, description="max |padded - unpadded| on the reference inputs")
 
 
 class PrecisionFacts(Facts):
@@ -141,32 +202,47 @@ class AutoChoiceFacts(Facts):
         default_factory=list, description="per measurement, the cores other processes held meanwhile (None: unknown); "
                                           "the one used last")
     alone_us: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="backend -> shape -> us, every shape on that backend, pools as when alone")
+        default_factory=dict, description="candidate -> shape -> us, every shape alone, pools as when alone (a "
+                                          "backend's other configurations: '<backend> <configuration>')")
     together_us: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="backend -> shape -> us, all candidates in one process, ORT not spinning")
+        default_factory=dict, description="candidate -> shape -> us, all candidates in one process, each configured "
+                                          "as a mixed route opens it")
     stall_floor_us: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="backend -> shape -> us no figure was counted below: a stalled pool's cost "
                                           "(TVM: one thread's, where its pool spans every core)")
 
 
+class RoutePlan(Facts):
+    """`auto`'s route, decided at compile time: a backend per named shape label and one for every other shape
+    (OTHER), and the facts each backend of the route is opened with where they differ from its artifact's (its
+    threads, whether its pool spins beside another backend's). The runtime loads exactly this (`recorded_plan`)."""
+
+    routes: dict[str, str] = Field(description="shape label (and 'other') -> backend")
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="backend -> the facts its route opens it with, over its artifact's "
+                                          "(checked against the backend's facts model)")
+    choice: AutoChoiceFacts | None = Field(None, description="what compile measured to choose the route")
+
+    @property
+    def backends(self) -> set[str]:
+        return set(self.routes.values())
+
+
 class NetworkFacts(Facts):
     """Per-network results that belong to no single backend (manifest networks.<n>.facts)."""
 
-    tensorrt_plan: TensorRTPlanFacts | None = None
+    model_source: ModelSourceFacts | None = None
+    script: ScriptFacts | None = None
+    onnx: ExportFacts | None = None
+    profiles: list[dict[str, dict[str, list[int]]]] = Field(
+        default_factory=list, description="the inputs' shape profiles (min/opt/max; profile 0 first), as validated")
     pad_gemm: PadGemmFacts | None = None
     precision: PrecisionFacts | None = None
     triton: list[str] = Field(default_factory=list, description="the Triton models written under triton/")
-    auto_routes: dict[str, str] = Field(
-        default_factory=dict, description="compile's `auto` table: backend per shape label, and 'other'")
-    auto_onnxruntime_spinning: bool | None = Field(
-        None, description="whether `auto` lets ONNX Runtime spin (only when it is the session's only backend)")
-    auto_onnxruntime_threads: int | None = Field(
-        None, description="intra-op threads `auto` gives ONNX Runtime (absent: as built), chosen by measurement")
-    auto_onnxruntime_shape_threads: dict[str, int] = Field(
-        default_factory=dict, description="shape labels where `auto` runs ONNX Runtime on other intra-op threads "
-                                          "(1, or 0: its default pool), measured faster there")
-    auto_choice: AutoChoiceFacts | None = Field(None, description="what compile measured to choose `auto_routes`")
+    route: RoutePlan | None = Field(None, description="`auto`'s route (absent: no backend was verified)")
+    rollout: dict[str, Any] | None = Field(None, description="SB3 agents: each backend's rollout against predict")
+    rollout_reference: dict[str, Any] | None = Field(None, description="what of the rollout joined reference.npz")
 
 
-__all__ = ["ArtifactFacts", "AutoChoiceFacts", "Facts", "FileRef", "NetworkFacts", "PadGemmFacts", "ParityGate",
-           "PrecisionFacts", "TensorRTPlanFacts", "VariantParity"]
+__all__ = ["OTHER", "ArtifactFacts", "AutoChoiceFacts", "ExportFacts", "Facts", "GpuIdentity", "ModelSourceFacts",
+           "NetworkFacts", "PadGemmFacts", "ParityGate", "PrecisionFacts", "RoutePlan", "ScriptFacts", "VariantParity"]

@@ -1,24 +1,34 @@
-"""manifest.json (contract section 3): the only thing the runtime reads to find and trust artifacts."""
+"""manifest.json (contract section 3): the only thing the runtime reads to find and trust artifacts.
+
+Every `facts` object is a typed model: a network's `NetworkFacts`, an artifact's its backend's `Backend.facts`.
+A MODEL_DIR written by rlopt 0.5 (schema 1) is read through `rlopt.manifest_v1`, converted, and says so.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer, model_validator
 
+from rlopt import manifest_v1
+from rlopt.arrays import shape_label
+from rlopt.backends import BACKENDS, facts_of
 from rlopt.errors import ArtifactError, located
+from rlopt.facts import ArtifactFacts, NetworkFacts
+from rlopt.files import (MANIFEST_NAME, FileRecord, atomic_write_text, checked_file, checked_private_copy, confined,
+                         file_record, sha256_file, write_json)
+from rlopt.parity import OutputParity, Parity
 
-# The manifest's layout version (contract section 7). Adding an optional field, or a fact (facts objects keep
-# unknown keys), keeps it; renaming, moving or retyping a field, or changing what a MODEL_DIR holds, bumps it, and
-# `read_manifest` then refuses an older MODEL_DIR in one line naming the command that rebuilds it.
-# 1: rlopt 0.1 to 0.5 (typed facts in 0.6 read the same JSON, so it stays 1).
-SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
+# The manifest's layout version (contract section 7). Adding an optional field or fact keeps it; renaming, moving or
+# retyping one, or changing what a MODEL_DIR holds, bumps it, and `read_manifest` then refuses an older MODEL_DIR in
+# one line naming the command that rebuilds it, unless it can convert it (UPGRADES).
+# 1: rlopt 0.1 to 0.5 (facts as untyped dicts; `auto`'s route in auto_* network facts; a network's `tensorrt_plan`).
+# 2: typed facts (unknown keys refused), `facts.route` (RoutePlan), `facts.profiles`.
+SCHEMA_VERSION = 2
 
 
 class _Model(BaseModel):
@@ -33,42 +43,6 @@ class InputProfile(_Model):
     range: list[int] | None = None  # integer inputs: the values verification samples (inclusive)
     # integer inputs that index a table (an ONNX Gather): the values every backend accepts; Session.run refuses others
     index_range: list[int] | None = None
-
-
-def shape_label(dims_per_input: Iterable[Sequence[int]]) -> str:
-    """`2x8x768` (inputs joined by '-'): how reference points, auto routes and timing tables name a shape."""
-    return "-".join("x".join(str(d) for d in dims) for dims in dims_per_input)
-
-
-class FileRecord(_Model):
-    path: str
-    sha256: str
-    bytes: int
-
-
-class OutputParity(_Model):
-    """One output of one backend against PyTorch, over every sample compared (contract section 7)."""
-
-    name: str
-    max_abs: float = Field(description="largest |backend - PyTorch| over finite values; inf on a NaN/inf mismatch")
-    max_rel: float = Field(description="largest |backend - PyTorch| / |PyTorch|")
-    needed_atol: float = Field(description="the smallest atol that would pass at the recipe's rtol")
-    passed: bool
-    kl: float | None = Field(default=None, description="a policy head (its first output): largest KL(PyTorch || backend) of a row")
-    argmax_agree: float | None = Field(default=None, description="a categorical policy head: share of rows whose "
-                                       "argmax agrees")
-    reason: str = Field(default="", description="why it failed, naming the shape or step")
-
-
-class Parity(_Model):
-    passed: bool
-    max_abs: float
-    max_rel: float
-    kl: float | None = None
-    argmax_agree: float | None = None
-    compared: int
-    shapes: list[str]
-    outputs: list[OutputParity]
 
 
 class Latency(_Model):
@@ -86,8 +60,17 @@ class BackendRecord(_Model):
     bytes: int | None = None
     parity: Parity | None = None
     latency_us: dict[str, Latency] = Field(default_factory=dict)
-    facts: dict[str, Any] = Field(default_factory=dict)
+    facts: ArtifactFacts = Field(default_factory=ArtifactFacts)  # the backend's own model (NetworkRecord types it)
     skipped: str | None = None
+
+    @field_serializer("facts")
+    def _facts(self, facts: ArtifactFacts) -> dict[str, Any]:
+        return facts.as_dict()
+
+    @classmethod
+    def of(cls, backend: str, data: dict[str, Any]) -> BackendRecord:
+        """A record of `backend` from its JSON, its facts as the backend's model."""
+        return cls.model_validate({**data, "facts": facts_of(backend, data.get("facts"))})
 
     @property
     def built(self) -> bool:
@@ -120,10 +103,32 @@ class NetworkRecord(_Model):
     artifacts: dict[str, BackendRecord]
     selected: str | None = None
     stages: list[dict[str, Any]] = Field(default_factory=list)
-    # Per-network results that belong to no single backend: GEMM padding (padded dims, skipped edges,
-    # exactness), the TensorRT plan (profiles), what each backend did with `precision`, Triton models.
-    facts: dict[str, Any] = Field(default_factory=dict)
+    # Per-network results that belong to no single backend: the export, GEMM padding, the shape profiles, what
+    # each backend did with `precision`, Triton models, `auto`'s route.
+    facts: NetworkFacts = Field(default_factory=NetworkFacts)
     drift: Drift | None = None  # set by `rlopt refit` on policy networks
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_facts(cls, data: Any) -> Any:
+        """Each artifact's facts as its backend's model (`read_manifest` has typed them already, with locations)."""
+        if not isinstance(data, dict) or not isinstance(data.get("artifacts"), dict):
+            return data
+        artifacts = {}
+        for backend, artifact in data["artifacts"].items():
+            if isinstance(artifact, dict) and not isinstance(artifact.get("facts"), ArtifactFacts):
+                try:
+                    artifact = {**artifact, "facts": facts_of(backend, artifact.get("facts"))}
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    raise ValueError(f"artifacts.{backend}.facts.{'.'.join(map(str, err['loc']))}: {err['msg']}") \
+                        from None
+            artifacts[backend] = artifact
+        return {**data, "artifacts": artifacts}
+
+    @field_serializer("facts")
+    def _facts(self, facts: NetworkFacts) -> dict[str, Any]:
+        return facts.as_dict()
 
 
 class Manifest(_Model):
@@ -138,6 +143,12 @@ class Manifest(_Model):
     networks: dict[str, NetworkRecord]
     refit_of: str | None = None  # `rlopt refit`: the content_sha256 of the MODEL_DIR whose weights were replaced
     content_sha256: str = ""
+    # read from an older layout: what was converted (`rlopt inspect` says so); the manifest.json itself is unchanged
+    _converted: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def converted(self) -> list[str]:
+        return self._converted
 
     def seal(self) -> Manifest:
         """Fill `content_sha256` so that a flipped byte in manifest.json itself is caught."""
@@ -146,14 +157,6 @@ class Manifest(_Model):
 
     def compute_content_sha256(self) -> str:
         body = self.model_dump(mode="json", exclude={"content_sha256"})
-        if body["refit_of"] is None:  # fields added after 0.5 hash only when set, so older manifests still check
-            del body["refit_of"]
-        for network in body["networks"].values():
-            if network["drift"] is None:
-                del network["drift"]
-            for profile in network["inputs"].values():
-                if profile["index_range"] is None:
-                    del profile["index_range"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     def built_backends(self) -> set[str]:
@@ -184,63 +187,6 @@ class BuildResult:
         return not self.failures
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_record(model_dir: Path, path: Path) -> FileRecord:
-    return FileRecord(
-        path=path.relative_to(model_dir).as_posix(), sha256=sha256_file(path), bytes=path.stat().st_size
-    )
-
-
-def confined(model_dir: Path, relative: str) -> Path:
-    """Resolve a manifest path, refusing anything that escapes MODEL_DIR (`../../x.so`, absolute paths, links out)."""
-    root = model_dir.resolve()
-    candidate = (root / relative).resolve()
-    if os.path.isabs(relative) or not candidate.is_relative_to(root):
-        raise ArtifactError(
-            located(model_dir / MANIFEST_NAME, f"path '{relative}'", "points outside MODEL_DIR",
-                    "recompile; never hand-edit manifest paths")
-        )
-    return candidate
-
-
-def checked_file(model_dir: Path, record: FileRecord | BackendRecord) -> Path:
-    """The file behind a record, after its size and sha256 match: nothing is loaded before this."""
-    assert record.path is not None
-    path = confined(model_dir, record.path)
-    if not path.is_file():
-        raise ArtifactError(located(path, "", "artifact listed in manifest.json is missing", "recompile MODEL_DIR"))
-    if path.stat().st_size != record.bytes or sha256_file(path) != record.sha256:
-        raise _mismatch(path)
-    return path
-
-
-def _mismatch(path: Path) -> ArtifactError:
-    return ArtifactError(located(path, "sha256", "does not match manifest.json (corrupt or modified)",
-                                 "recompile MODEL_DIR"))
-
-
-def checked_private_copy(model_dir: Path, record: FileRecord | BackendRecord, folder: Path) -> Path:
-    """Copy a native artifact (.so, engine) into `folder` and check the COPY's sha256.
-
-    What gets loaded is then exactly what was hashed: no window between check and load, and
-    rewriting the file in MODEL_DIR later cannot change code that a process has mapped.
-    """
-    source = checked_file(model_dir, record)
-    data = source.read_bytes()
-    if hashlib.sha256(data).hexdigest() != record.sha256:
-        raise _mismatch(source)
-    copy = folder / source.name
-    copy.write_bytes(data)
-    return copy
-
-
 def read_manifest(model_dir: Path | str) -> Manifest:
     """Read and check manifest.json; every problem is one ArtifactError line."""
     model_dir = Path(model_dir)
@@ -257,30 +203,39 @@ def read_manifest(model_dir: Path | str) -> Manifest:
         raise ArtifactError(located(path, "", f"not valid JSON ({exc})", "recompile MODEL_DIR")) from None
     if not isinstance(document, dict):
         raise ArtifactError(located(path, "", "not a JSON object", "recompile MODEL_DIR"))
-    check_schema_version(document, model_dir)
+    version = check_schema_version(document, model_dir)
+    converted: list[str] = []
     try:
+        if version != SCHEMA_VERSION:
+            document, converted = UPGRADES[version](document, path, SCHEMA_VERSION)
+        type_facts(document, path)
         manifest = Manifest.model_validate(document)
     except ValidationError as exc:
         raise _invalid(path, exc) from None
-    if manifest.content_sha256 != manifest.compute_content_sha256():
+    if not converted and manifest.content_sha256 != manifest.compute_content_sha256():
         raise ArtifactError(
             located(path, "content_sha256", "manifest.json was modified after it was written", "recompile MODEL_DIR")
         )
-    check_facts(manifest, path)
+    manifest._converted = converted
     return manifest
 
 
-def check_schema_version(document: dict[str, Any], model_dir: Path) -> None:
-    """Refuse, in one line, a manifest whose layout this rlopt does not read: an older one names the command that
-    rebuilds the MODEL_DIR, a newer one says to upgrade rlopt."""
+# older layouts read_manifest converts: version -> (document, path, current version) -> (document, notes)
+UPGRADES: dict[int, Callable[[dict[str, Any], Path, int], tuple[dict[str, Any], list[str]]]] = {
+    manifest_v1.VERSION: manifest_v1.upgrade}
+
+
+def check_schema_version(document: dict[str, Any], model_dir: Path) -> int:
+    """The manifest's layout version, refused in one line where this rlopt neither writes nor converts it: an older
+    one names the command that rebuilds the MODEL_DIR, a newer one says to upgrade rlopt."""
     path = model_dir / MANIFEST_NAME
     version = document.get("schema_version")
     rebuild = f"rlopt compile RECIPE -o {model_dir}"
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ArtifactError(located(path, "schema_version", f"{version!r} is not a schema version (this rlopt reads "
                                     f"{SCHEMA_VERSION})", f"rebuild it: {rebuild}"))
-    if version == SCHEMA_VERSION:
-        return
+    if version == SCHEMA_VERSION or version in UPGRADES:
+        return int(version)
     writer = document.get("rlopt_version")
     by = f"rlopt {writer}" if isinstance(writer, str) and writer else "another rlopt"
     if version < SCHEMA_VERSION:
@@ -290,19 +245,29 @@ def check_schema_version(document: dict[str, Any], model_dir: Path) -> None:
                                 f"which reads {SCHEMA_VERSION}", f"upgrade rlopt, or rebuild it with this one: {rebuild}"))
 
 
-def check_facts(manifest: Manifest, path: Path) -> None:
-    """Every facts object against its typed model (rlopt/facts.py, rlopt/backends/<name>/facts.py): a declared
-    fact of the wrong type is one ArtifactError line, so the runtime's typed reads never fail later."""
-    from rlopt.backends import facts_of
-    from rlopt.facts import NetworkFacts
-
-    for name, network in manifest.networks.items():
+def type_facts(document: dict[str, Any], path: Path) -> None:
+    """Every `facts` object of a manifest document as its typed model, in place (rlopt/facts.py, each backend's
+    `Backend.facts`), and each backend's route options against its model: an undeclared or wrong-typed fact is one
+    ArtifactError line naming it, so the runtime's typed reads never fail later."""
+    networks = document.get("networks")
+    for name, network in (networks.items() if isinstance(networks, dict) else []):
+        if not isinstance(network, dict):
+            continue
         where = f"networks.{name}.facts"
         try:
-            NetworkFacts.of(network.facts)
-            for backend, artifact in network.artifacts.items():
-                where = f"networks.{name}.artifacts.{backend}.facts"
-                facts_of(backend, artifact.facts)
+            network["facts"] = NetworkFacts.model_validate(network.get("facts") or {})
+            artifacts = network.get("artifacts") if isinstance(network.get("artifacts"), dict) else {}
+            for backend, artifact in artifacts.items():
+                if isinstance(artifact, dict):
+                    where = f"networks.{name}.artifacts.{backend}.facts"
+                    artifact["facts"] = facts_of(backend, artifact.get("facts"))
+            route = network["facts"].route
+            for backend, options in (route.options.items() if route is not None else []):
+                where = f"networks.{name}.facts.route.options.{backend}"
+                if backend not in artifacts or not isinstance(artifacts[backend], dict):
+                    raise ArtifactError(located(path, where, "options for a backend the network did not build",
+                                                "recompile MODEL_DIR"))
+                facts_of(backend, {**artifacts[backend]["facts"].as_dict(), **options})
         except ValidationError as exc:
             raise _invalid(path, exc, where) from None
 
@@ -318,9 +283,6 @@ def manifest_json_schema() -> dict[str, Any]:
     by its typed models (network facts; per backend, one of the backends' facts models)."""
     from pydantic.json_schema import models_json_schema
 
-    from rlopt.backends import BACKENDS
-    from rlopt.facts import NetworkFacts
-
     backend_models = list(dict.fromkeys(backend.facts for backend in BACKENDS.values()))
     keys, combined = models_json_schema([(Manifest, "validation"), (NetworkFacts, "validation"),
                                          *[(model, "validation") for model in backend_models]])
@@ -329,7 +291,7 @@ def manifest_json_schema() -> dict[str, Any]:
     network_ref = keys[(NetworkFacts, "validation")]
     backend_refs = [keys[(model, "validation")] for model in backend_models]
     definitions["NetworkRecord"]["properties"]["facts"] = {
-        **network_ref, "description": "results that belong to no single backend (keys not listed are kept)"}
+        **network_ref, "description": "results that belong to no single backend"}
     definitions["BackendRecord"]["properties"]["facts"] = {
         "anyOf": backend_refs, "description": "what the build recorded; the model is the backend's (the artifacts "
         "key): " + ", ".join(f"{name}: {backend.facts.__name__}" for name, backend in BACKENDS.items())}
@@ -338,16 +300,6 @@ def manifest_json_schema() -> dict[str, Any]:
     return schema
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file atomically (temp file in the same folder, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, document: Any) -> None:
-    """Write a JSON file atomically."""
-    atomic_write_text(path, json.dumps(document, indent=2, sort_keys=False) + "\n")
+__all__ = ["MANIFEST_NAME", "SCHEMA_VERSION", "BackendRecord", "BuildResult", "Drift", "FileRecord", "InputProfile",
+           "Latency", "Manifest", "NetworkRecord", "OutputParity", "Parity", "atomic_write_text", "check_schema_version", "checked_file", "checked_private_copy", "confined", "file_record",
+           "manifest_json_schema", "read_manifest", "sha256_file", "shape_label", "type_facts", "write_json"]

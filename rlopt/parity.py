@@ -9,8 +9,38 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from rlopt.manifest import OutputParity, Parity
+
+class OutputParity(BaseModel):
+    """One output of one backend against PyTorch, over every sample compared (contract section 7)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    max_abs: float = Field(description="largest |backend - PyTorch| over finite values; inf on a NaN/inf mismatch")
+    max_rel: float = Field(description="largest |backend - PyTorch| / |PyTorch|")
+    needed_atol: float = Field(description="the smallest atol that would pass at the recipe's rtol")
+    passed: bool
+    kl: float | None = Field(default=None, description="a policy head (its first output): largest KL(PyTorch || backend) of a row")
+    argmax_agree: float | None = Field(default=None, description="a categorical policy head: share of rows whose "
+                                       "argmax agrees")
+    reason: str = Field(default="", description="why it failed, naming the shape or step")
+
+
+class Parity(BaseModel):
+    """One backend against PyTorch over every recorded sample: the worst figures and each output's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    max_abs: float
+    max_rel: float
+    kl: float | None = None
+    argmax_agree: float | None = None
+    compared: int
+    shapes: list[str]
+    outputs: list[OutputParity]
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from rlopt.arrays import flatten_outputs
 from rlopt.errors import ArtifactError, RecipeError, first_line, located
-from rlopt.recipe import NetworkSpec
-from rlopt.backends.base import flatten_outputs
+from rlopt.lazy import require
+from rlopt.spec import NetworkSpec
 
 
 META_STATE = "meta:state"
@@ -279,3 +280,30 @@ def _run(torch: Any, module: Any, spec: NetworkSpec, feeds: dict[str, np.ndarray
                                   f"{len(spec.outputs)} {spec.outputs}",
                                   "list one name per returned tensor, in order"))
     return [value.detach().numpy().copy() for value in outputs]
+
+
+def add_rollout_point(reference: Reference, module: Any, feeds: dict[str, Any]) -> None:
+    """Point `rollout` of reference.npz: the visited inputs and the eager module's outputs for each, as many as
+    fit under REFERENCE_BYTES beside the random samples (evenly spaced along the rollout)."""
+    torch = require("torch")
+
+    if not feeds:
+        return
+    names, per_output = reference.input_names, {n: [] for n in reference.output_names}
+    count = len(feeds[names[0]])
+    with torch.inference_mode():
+        first = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][0])) for n in names]))
+    sample_bytes = sum(int(feeds[n][0].nbytes) for n in names) + sum(int(v.numpy().nbytes) for v in first)
+    index = evenly_spaced(count, room_for(reference.arrays, sample_bytes))
+    if not len(index):
+        return
+    feeds = {n: feeds[n][index] for n in names}
+    for i in range(len(index)):
+        with torch.inference_mode():
+            result = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][i])) for n in names]))
+        for name, value in zip(reference.output_names, result):
+            per_output[name].append(value.detach().numpy().copy())
+    for name in names:
+        reference.arrays[f"rollout:in:{name}"] = np.ascontiguousarray(feeds[name])
+    for name, values in per_output.items():
+        reference.arrays[f"rollout:out:{name}"] = np.stack(values)

@@ -9,7 +9,7 @@ from rlopt.errors import UsageError
 
 MODELS = {
     "recipe": "rlopt.recipe:Recipe",
-    "profile": "rlopt.tools.warmup.profile:WarmupProfile",
+    "profile": "rlopt.warmup_profile:WarmupProfile",
     "manifest": "rlopt.manifest:Manifest",
 }
 

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,11 @@ import numpy as np
 from rlopt.backends import facts_of, import_before_torch, unavailable_reason
 from rlopt.backends.base import Infer, Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, describe_exception
-from rlopt.facts import ArtifactFacts, Facts
+from rlopt.facts import ArtifactFacts, VariantParity
 from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read_manifest
 from rlopt.parity import Tolerance, run_parity
 from rlopt.reference import Reference, one_torch_thread
 from rlopt.runtime import open_artifact
-from rlopt.runtime.routes import unbucketed_variant
 
 
 def check_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Reference, kind: str,
@@ -64,7 +63,7 @@ class GateResult:
 
 
 def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance, *,
-                variant_samples: int | None, facts: ArtifactFacts | Mapping[str, Any] | None = None,
+                variant_samples: int | None, facts: ArtifactFacts | None = None,
                 trusted: Callable[[str], bool] | None = None, code_unchanged: bool = False) -> GateResult:
     """The parity gate: the runner's main path on every recorded sample, then its tricks, then its required paths.
 
@@ -87,7 +86,7 @@ def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: s
 
 
 def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance,
-          variant_samples: int | None, facts: ArtifactFacts | Mapping[str, Any] | None,
+          variant_samples: int | None, facts: ArtifactFacts | None,
           trusted: Callable[[str], bool] | None, code_unchanged: bool) -> GateResult:
     try:
         parity = check_parity(runner.infer, reference, kind, distribution, tolerance)
@@ -111,9 +110,9 @@ def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, to
         if trusted is not None and not extra.passed:
             result.parity, result.failed_variant = extra, variant
             return result
-    known = facts.as_dict() if isinstance(facts, Facts) else dict(facts or {})
-    verdicts = {**known.get("variant_parity", {}), **result.variant_parity}
-    result.serving = unbucketed_variant({**known, "variant_parity": verdicts})
+    typed = facts if facts is not None else ArtifactFacts()
+    verdicts = {**typed.variant_parity, **{k: VariantParity.model_validate(v) for k, v in result.variant_parity.items()}}
+    result.serving = typed.model_copy(update={"variant_parity": verdicts}).serving_variant()
     variants = runner.parity_variants()
     for variant, infer in variants.items():
         serves = result.serving in (None, variant)

@@ -45,7 +45,7 @@ class Learner:
         import torch
 
         from rlopt.recipe import load_recipe
-        from rlopt.stages.load_model import build_model
+        from rlopt.user_model import build_model
 
         self.torch = torch
         self.model, _ = build_model(load_recipe(RECIPE).model, RECIPE)

@@ -83,7 +83,7 @@ def commit() -> str:
 
 def machine_line() -> str:
     """CPU, cores, GPU and the versions that matter, in one line."""
-    from rlopt.compile import tool_versions
+    from rlopt.backends import tool_versions
     from rlopt.machine import machine_facts
 
     facts, versions = machine_facts(), tool_versions()
@@ -94,15 +94,17 @@ def machine_line() -> str:
 
 def auto_facts(model_dir: Path) -> dict[str, dict[str, Any]]:
     """What compile chose for `auto` (read before the work dir is removed): per network, the backend each shape
-    label routes to (`auto_routes`) and compile's reason with the latencies it chose from (`auto_choice`); both
-    empty when the model did not compile."""
+    label routes to (`auto_routes`: the manifest's facts.route.routes) and compile's reason with the latencies it
+    chose from (`auto_choice`: facts.route.choice); both empty when the model did not compile."""
     from rlopt.manifest import read_manifest
 
     if not (model_dir / "manifest.json").is_file():
         return {"auto_routes": {}, "auto_choice": {}}
     networks = read_manifest(model_dir).networks
-    return {"auto_routes": {name: dict(r.facts.get("auto_routes", {})) for name, r in networks.items()},
-            "auto_choice": {name: r.facts.get("auto_choice", {}) for name, r in networks.items()}}
+    routes = {name: r.facts.route for name, r in networks.items()}
+    return {"auto_routes": {name: dict(route.routes) if route else {} for name, route in routes.items()},
+            "auto_choice": {name: route.choice.as_dict() if route and route.choice else {}
+                            for name, route in routes.items()}}
 
 
 REFIT_LATENCY_ROUNDS = 8  # the latency check's interleaved rounds: about a minute of benching

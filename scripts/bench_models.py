@@ -1,7 +1,8 @@
 """What scripts/bench.py benches, each compiled once by the real CLI in a fresh process:
 - the bundled recipes with their shipped tuning databases (`tuned`);
 - users' models, untuned: architectures of the coverage matrix (tests/data/models/coverage.py) that TVM or
-  ONNX Runtime serve, among them an SB3-style MLP actor-critic, a recurrent and an attention policy;
+  ONNX Runtime serve, among them an SB3-style MLP actor-critic, an LSTM actor that feeds its state back, a GRU
+  sequence encoder and an attention policy;
 - a tiny PPO (CartPole, trained here offline in a few seconds) compiled from its zip (`rlopt compile agent.zip`);
 - networks without a tuning database, where TVM runs on its schedule rules (scripts/bench_nets.py): an MLP grid
   (obs 4-376 x hidden 64-512, Tanh / ReLU / LayerNorm + SiLU) and the full-size NatureCNN (`nature-cnn-untuned`).
@@ -22,8 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = {"policy-value-heads": "policy_value_heads.yaml", "ppo-mlp": "ppo_mlp.yaml", "atari-cnn": "atari_cnn.yaml"}
 DEFAULT_POLICY = ("policy-value-heads", "policy")  # its max shape's spread over runs is a done-when check
-COVERAGE = ["sb3_mlp_actor_critic", "recurrent_ppo_lstm", "gru_cell_state", "decision_transformer", "maskable_ppo",
-            "sac_squashed_gaussian", "embedding_ids", "layernorm_gelu_value"]
+COVERAGE = ["sb3_mlp_actor_critic", "recurrent_ppo_lstm", "gru_cell_state", "gru_sequence_encoder",
+            "decision_transformer", "maskable_ppo", "sac_squashed_gaussian", "embedding_ids", "layernorm_gelu_value"]
 SB3_PPO = "sb3-ppo-cartpole"
 NATURE_CNN_UNTUNED = "nature-cnn-untuned"
 QUICK = ["ppo-mlp", "sb3_mlp_actor_critic", "gru_cell_state", SB3_PPO]

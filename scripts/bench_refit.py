@@ -64,7 +64,7 @@ def new_checkpoint(recipe: Path, path: Path, seed: int = 1) -> Path:
     import torch
 
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model
+    from rlopt.user_model import build_model
 
     model, _ = build_model(load_recipe(recipe).model, recipe)
     generator = torch.Generator().manual_seed(seed)
@@ -220,7 +220,7 @@ def files_unlike(manifests: dict[str, Any], network: str, backend: str, point: s
         return [unhashed(v) for v in value] if isinstance(value, list) else value
 
     def settings(manifest: Any) -> dict[str, Any]:  # how the runner is configured; measurements left out
-        return {key: unhashed(value) for key, value in artifact(manifest).facts.items()
+        return {key: unhashed(value) for key, value in artifact(manifest).facts.as_dict().items()
                 if not key.endswith(("_us", "_parity"))}
 
     refitted, other = files(manifests["refitted"]), files(manifests[side])

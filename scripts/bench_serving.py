@@ -50,7 +50,7 @@ def request_spec(model_dir: Path, network: str) -> tuple[dict[str, list[Any]], f
 
     record = read_manifest(model_dir).networks[network]
     spec = {name: [p.dtype, [1, *p.opt[1:]]] for name, p in record.inputs.items()}
-    routes = dict(record.facts.get("auto_routes", {}))
+    routes = dict(record.facts.route.routes) if record.facts.route is not None else {}
     label = shape_label([p.max for p in record.inputs.values()])
     backend = routes.get(label) or routes.get("other") or record.selected or next(iter(record.artifacts))
     latency = record.artifacts[backend].latency_us.get("max")

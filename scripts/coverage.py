@@ -3,8 +3,8 @@
 Each architecture is compiled by the real CLI in its own process (`rlopt compile RECIPE --json --no-cache`),
 as a user would, and the outcome per backend goes into a Markdown table (architecture x backend): verified
 (with max_abs), skipped with the reason, or failed; a recipe refused as a whole (exit 2) says why in one
-line. Also: which export path made the ONNX model (script, or the trace after the scripted graph's op was
-refused) and that op.
+line. Also: which export path made the ONNX model (script, or the trace or dynamo export after the scripted
+graph's op was refused) and that op.
 
 usage: python scripts/coverage.py [--out docs/coverage.md] [--work-dir DIR] [--backend B]... [--note TEXT] [NAME ...]
 """
@@ -64,14 +64,17 @@ def _short_path(text: str, work: Path) -> str:
 
 
 KNOWN_LIMITS = [
-    "TVM (Relax 0.27's ONNX frontend) has no converter for LSTM, GRU, RNN, Loop or Scan: TVM is skipped with the "
-    "op named; the other backends go on.",
+    "TVM (Relax 0.27's ONNX frontend) has no converter for LSTM, GRU or RNN: rlopt unrolls them into MatMul + "
+    "gate nodes per step (a dynamic length to the recipe's max, masked); a `sequence_lens` input, other "
+    "activations, Loop and Scan skip TVM with the reason named; the other backends go on.",
     "nn.TransformerEncoder and nn.GRUCell, scripted, are refused by the TorchScript ONNX exporter "
     "(aten::is_autocast_enabled, prim::ListConstruct); the eager module is traced instead (`export_path: trace`). "
-    "The trace keeps the batch dim dynamic but freezes a dynamic sequence dim of the encoder: give the "
-    "context window as a static dim (as Decision Transformer pads to K), or the parity gate fails that shape.",
-    "The trace fallback is refused (exit 2, one line naming the branch) when the network's own code branches "
-    "or loops on its inputs' values or shapes; torch's internal checks and branches on attributes are fine.",
+    "The trace freezes a dynamic sequence dim of the encoder in its Reshapes: the shape probe (the exported graph "
+    "run against PyTorch at batch 1 and > 1, every named length and one unnamed one) catches that and the "
+    "dynamo exporter takes over (`export_path: dynamo`). A dim no exporter keeps dynamic is refused (exit 2, one "
+    "line naming the dim; fix: make it static).",
+    "The trace fallback is not tried when the network's own code branches or loops on its inputs' values or "
+    "shapes; torch's internal checks and branches on attributes are fine.",
     "TensorRT needs an NVIDIA GPU and NVIDIA's own wheel index; where absent it is skipped with the reason.",
 ]
 

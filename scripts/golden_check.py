@@ -7,8 +7,8 @@ Compared, per network:
   the parity statistics of every backend (max_abs, max_rel, kl, argmax_agree, compared, shapes, passed),
   `reference.npz` (bitwise), and TorchScript and ONNX Runtime outputs of both directories on the old
   reference inputs (bitwise);
-- timing-dependent, reported apart: `selected`, `facts.auto_routes` (both come from latencies measured
-  at compile time, so two compiles of the same code can differ).
+- timing-dependent, reported apart: `selected`, `auto`'s routes (`facts.route.routes`; schema 1: `facts.auto_routes`)
+  (both come from latencies measured at compile time, so two compiles of the same code can differ).
 Exit 0 when every exact item agrees, 1 otherwise.
 """
 
@@ -38,6 +38,12 @@ def _artifacts(network: dict[str, Any]) -> dict[str, Any]:
         parity = record.get("parity") or {}
         summary[backend] = {"path": record.get("path"), "parity": {k: parity.get(k) for k in PARITY_FIELDS}}
     return summary
+
+
+def _routes(network: dict[str, Any]) -> dict[str, str] | None:
+    """`auto`'s routes as the manifest records them (schema 2: facts.route.routes, schema 1: facts.auto_routes)."""
+    facts = network.get("facts", {})
+    return (facts.get("route") or {}).get("routes") or facts.get("auto_routes")
 
 
 def _reference(model_dir: Path, network: str) -> dict[str, np.ndarray]:
@@ -99,8 +105,7 @@ def compare(old_dir: Path, new_dir: Path) -> dict[str, Any]:
                 exact.append(f"{name}/{backend}: outputs on reference.npz are not bitwise equal")
         if before.get("selected") != after.get("selected"):
             timing.append(f"{name}: selected {before.get('selected')} -> {after.get('selected')}")
-        routes_old = before.get("facts", {}).get("auto_routes")
-        routes_new = after.get("facts", {}).get("auto_routes")
+        routes_old, routes_new = _routes(before), _routes(after)
         if routes_old != routes_new:
             timing.append(f"{name}: auto_routes {routes_old} -> {routes_new}")
     return {"old": str(old_dir), "new": str(new_dir), "exact_differences": exact,

@@ -76,7 +76,7 @@ def eager_module(recipe_path: Path, network: str, precision: str) -> tuple[Any, 
     """The network as an nn.Module on the GPU, in the artifact's precision (fp32 at its inputs and outputs)."""
     import torch
 
-    from rlopt.compile.frontend import model_source
+    from rlopt.compile.sources import model_source
     from rlopt.recipe import load_recipe
 
     recipe = load_recipe(recipe_path)

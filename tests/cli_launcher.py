@@ -32,7 +32,7 @@ if os.fork():
     os._exit(0)
 os.setsid()
 import numpy, onnx, onnxruntime, torch, tvm
-import rlopt.cli, rlopt.compile.driver, rlopt.compile.network, rlopt.stages.load_model
+import rlopt.cli, rlopt.compile.driver, rlopt.compile.network, rlopt.user_model
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 print("ready", os.getpid(), flush=True)
 for line in sys.stdin:

@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlopt.backends.tensorrt.adapter import TensorRTAdapter
 from rlopt.backends.tensorrt.plan import TensorRTPlan, make_plan
-from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange, TensorRTConfig
+from rlopt.backends.tensorrt.config import TensorRTConfig
+from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange
 
 
 def mlp_model(hidden: int = 8, width: int = 4) -> object:

@@ -42,7 +42,7 @@ def test_bundled_recipe_loads_builds_and_scripts(recipe: str, tmp_path: Path) ->
 
     from rlopt.recipe import load_recipe
     from rlopt.reference import record_reference
-    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.user_model import build_model, submodule
     from rlopt.stages.script import script_network
 
     path = RECIPES / recipe
@@ -53,7 +53,7 @@ def test_bundled_recipe_loads_builds_and_scripts(recipe: str, tmp_path: Path) ->
     extra = ["openvino"] if recipe == "policy_value_heads.yaml" else []  # the demo shows the optional backend
     assert loaded.backends == ["torchscript", "onnxruntime", "tvm", "tensorrt", *extra]
     model, built = build_model(loaded.model, path)
-    assert built.facts["parameters"] == sum(p.numel() for p in model.parameters()) > 0
+    assert built["parameters"] == sum(p.numel() for p in model.parameters()) > 0
     for network, spec in loaded.networks.items():
         module = submodule(model, spec.module, path, network)
         reference = record_reference(module, spec, 1, 0, recipe_path=path, network=network)

@@ -84,7 +84,7 @@ def test_a_cached_stage_declares_every_rlopt_module_its_code_imports() -> None:
     import re
 
     import rlopt
-    from rlopt.compile.stage import Stage
+    from rlopt.stages.base import Stage
 
     for module in pkgutil.walk_packages(rlopt.__path__, "rlopt."):
         if module.name != "rlopt.__main__":

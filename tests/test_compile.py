@@ -22,7 +22,7 @@ CPU_BACKENDS = ("torchscript", "onnxruntime", "tvm")
 
 def test_manifest_layout(tiny_compiled: Path) -> None:
     manifest = read_manifest(tiny_compiled)
-    assert manifest.schema_version == 1 and manifest.name == "tiny-heads" and len(manifest.recipe_sha256) == 64
+    assert manifest.schema_version == 2 and manifest.name == "tiny-heads" and len(manifest.recipe_sha256) == 64
     assert manifest.versions["torch"] and manifest.versions["onnx"] and manifest.versions["apache-tvm"]
     assert (tiny_compiled / "recipe.yaml").is_file()
     policy = manifest.networks["policy"]
@@ -38,7 +38,7 @@ def test_manifest_layout(tiny_compiled: Path) -> None:
         assert set(record.latency_us) == {"min", "opt", "max"}
         assert all(lat.p50 > 0 and lat.p99 >= lat.p50 for lat in record.latency_us.values())
     assert policy.selected in CPU_BACKENDS + (("tensorrt",) if tensorrt_missing() is None else ())
-    assert policy.artifacts["tvm"].facts["fused_kernels"]
+    assert policy.artifacts["tvm"].facts.as_dict()["fused_kernels"]
     assert manifest.networks["value"].artifacts["onnxruntime"].parity.kl is None
     assert not list(tiny_compiled.parent.glob(".*partial*")), "no staging directory left behind"
 

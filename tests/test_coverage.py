@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -192,16 +193,112 @@ def test_architecture_compiles_on_every_backend(tmp_path: Path, name: str) -> No
         elif record.parity is not None:
             assert record.parity.passed, (backend, record.parity)
     assert network.selected is not None
-    if network.artifacts["tvm"].skipped and "LSTM" in (network.artifacts["tvm"].skipped or ""):
-        assert "no converter for LSTM" in network.artifacts["tvm"].skipped
+    assert network.artifacts["tvm"].skipped is None, "every architecture builds on TVM, recurrent ones included"
 
 
 @pytest.mark.slow
-def test_cli_refuses_a_network_it_cannot_export_faithfully_in_one_line(tmp_path: Path) -> None:
+def test_a_batch_branch_tracing_would_freeze_goes_to_the_dynamo_exporter(tmp_path: Path) -> None:
+    """The TorchScript exporter refuses the scripted GRUCell and a trace would freeze the branch on the batch size,
+    so the dynamo exporter runs; the shape probe ran its graph at batch 1 and > 1 against PyTorch."""
+    import json
+
     document = recipe_for("gru_cell_state", FAST)
     document["model"]["factory"] = "models/coverage.py:GruCellWithBatchBranch"
     recipe = write_recipe(tmp_path, document)
     proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--json")
-    line = assert_one_line_error(proc, 2, "networks.net", "prim::ListConstruct", "fix:")
-    assert "would freeze the data-dependent if at coverage.py:" in line
-    assert proc.stdout == ""
+    assert proc.returncode == 0, proc.stderr
+    onnx_facts = json.loads(proc.stdout)["manifest"]["networks"]["net"]["facts"]["onnx"]
+    assert onnx_facts["export_path"] == "dynamo"
+    assert "prim::ListConstruct" in onnx_facts["refused"]
+    assert "would freeze the data-dependent if at coverage.py:" in onnx_facts["trace_refused"]
+    checked = onnx_facts["shape_probe"]["checked"]
+    assert "input 'obs' dim 0 = 1" in checked and any(label.startswith("input 'obs' dim 0 = ") and not
+                                                      label.endswith("= 1") for label in checked), checked
+
+
+# ---- issue 36: a dynamic window of tokens through nn.TransformerEncoder
+
+@pytest.mark.slow
+def test_dynamic_length_attention_matches_pytorch_on_every_backend_at_named_and_unnamed_lengths(
+        tmp_path: Path) -> None:
+    import rlopt
+    from rlopt.recipe import load_recipe
+    from rlopt.stages.load_model import build_model
+
+    result = compile_architecture(tmp_path, "attention_dynamic_length", ALL)
+    assert result.passed, result.failures
+    network = result.manifest.networks["net"]
+    built = [b for b, a in network.artifacts.items() if a.built]
+    assert set(built) >= {"torchscript", "onnxruntime", "tvm"}, network.artifacts
+    recipe_path = tmp_path / "attention-dynamic-length.yaml"
+    model, _ = build_model(load_recipe(recipe_path).model, recipe_path)
+    rng = np.random.default_rng(5)
+    for backend in built:
+        with rlopt.load(result.model_dir, "net", backend=backend) as session:
+            for batch, length in [(1, 1), (4, 20), (8, 64), (3, 37)]:  # min, opt, max, and a length no one named
+                tokens = rng.standard_normal((batch, length, 128)).astype(np.float32)
+                want = model(torch.from_numpy(tokens)).detach().numpy()
+                got = session.run({"tokens": tokens})["logits"]
+                np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3, err_msg=f"{backend} at {length}")
+    # the dynamo graph keeps a weight map: new weights go in without recompiling, every backend re-verified
+    torch.manual_seed(7)
+    retrained = type(model)().eval()
+    torch.save(retrained.state_dict(), tmp_path / "retrained.pt")
+    refitted = rlopt.refit(result.model_dir, tmp_path / "retrained.pt", out=tmp_path / "refitted")
+    with rlopt.load(refitted, "net", backend="onnxruntime") as session:
+        tokens = rng.standard_normal((2, 37, 128)).astype(np.float32)
+        np.testing.assert_allclose(session.run({"tokens": tokens})["logits"],
+                                   retrained(torch.from_numpy(tokens)).detach().numpy(), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_dim_no_exporter_keeps_dynamic_in_one_line(tmp_path: Path) -> None:
+    document = recipe_for("attention_dynamic_length", FAST)
+    document["model"]["factory"] = "models/coverage.py:LengthBoundAttention"
+    recipe = write_recipe(tmp_path, document)
+    proc = run_rlopt("compile", str(recipe), "-o", str(tmp_path / "out"), "--json")
+    line = assert_one_line_error(proc, 2, "networks.net", "no ONNX exporter keeps input 'tokens' dim 1 (1..64) "
+                                 "dynamic", "fix: make input 'tokens' dim 1 static")
+    assert "Reshape" not in line and proc.stdout == "" and not (tmp_path / "out").exists()
+
+
+# ---- issue 36: TVM for recurrent policies (LSTM / GRU unrolled into MatMul + gates per step)
+
+def _small_recurrent(name: str, kwargs: dict, inputs: dict) -> dict:
+    document = recipe_for(name, ["tvm"], samples=2)
+    document["model"]["kwargs"] = kwargs
+    document["networks"]["net"]["inputs"].update(inputs)
+    return document
+
+
+def _tvm_verified_over_steps(result, steps: int) -> None:
+    assert result.passed, result.failures
+    network = result.manifest.networks["net"]
+    tvm = network.artifacts["tvm"]
+    assert tvm.skipped is None and tvm.parity.passed, tvm
+    assert any(kernel.startswith("fused_matmul") for kernel in tvm.facts.fused_kernels)
+    reference, parity = multi_step_parity(result.model_dir, "tvm")
+    assert reference.steps("opt") == steps
+    assert parity.passed and parity.compared == sum(reference.samples(p) * reference.steps(p) for p in reference.points)
+
+
+def test_an_lstm_actor_builds_on_tvm_and_matches_over_six_steps_with_its_state_fed_back(tmp_path: Path) -> None:
+    def batched(*dims: int) -> dict:
+        return {"dtype": "float32", "min": [1, *dims], "opt": [4, *dims], "max": [8, *dims]}
+
+    document = _small_recurrent("recurrent_ppo_lstm", {"obs": 8, "hidden": 8, "n_actions": 4},
+                                {"state_h": batched(1, 8), "state_c": batched(1, 8)})
+    assert document["verify"]["steps"] == 6
+    _tvm_verified_over_steps(compile_recipe(write_recipe(tmp_path, document), tmp_path / "out"), 6)
+
+
+def test_a_gru_sequence_encoder_builds_on_tvm_and_matches(tmp_path: Path) -> None:
+    window = {"dtype": "float32", "min": [1, 6, 8], "opt": [4, 6, 8], "max": [8, 6, 8]}  # the matrix's is 16 long
+    document = _small_recurrent("gru_sequence_encoder", {"obs": 8, "hidden": 8, "n_actions": 4}, {"window": window})
+    result = compile_recipe(write_recipe(tmp_path, document), tmp_path / "out")
+    _tvm_verified_over_steps(result, 1)
+    builds = result.manifest.networks["net"].artifacts["tvm"].facts.shape_builds
+    assert [b.shapes["window"] for b in builds] == [[1, 6, 8], [4, 6, 8], [8, 6, 8]]
+    guard = next(s for s in result.manifest.networks["net"].stages if s["stage"] == "specialization guard")
+    # batch 1, 8 and the unnamed 6 (the min and max shapes are those): the window length is fixed
+    assert guard["detail"] == "1 input(s) match the recipe; the graph matches PyTorch at 3 more shape(s)", guard

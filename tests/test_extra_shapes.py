@@ -73,15 +73,15 @@ def test_extra_shapes_are_verified_timed_built_and_routed(extra_compiled: Path) 
     record = read_manifest(extra_compiled).networks["policy"]
     tvm = record.artifacts["tvm"]
     assert [s.split()[0] for s in tvm.parity.shapes] == ["min", "opt", "max", "2x2x32", "3x2x32"]
-    assert tvm.parity.passed and tvm.facts["variant_parity"]["dynamic"]["passed"]
+    assert tvm.parity.passed and tvm.facts.gate_passed("dynamic")
     for backend in ("torchscript", "onnxruntime", "tvm"):
         assert set(record.artifacts[backend].latency_us) == {"min", "opt", "max", "2x2x32", "3x2x32"}
-    built = {"x".join(map(str, b["shapes"]["input0"])): b["points"] for b in tvm.facts["shape_builds"]}
+    built = {"x".join(map(str, b.shapes["input0"])): b.points for b in tvm.facts.shape_builds}
     assert built == {"1x1x32": ["min"], "2x3x32": ["opt"], "4x6x32": ["max"], "2x2x32": ["2x2x32"],
                      "3x2x32": ["3x2x32"]}
-    assert set(record.facts["auto_routes"]) == {"1x1x32", "2x3x32", "4x6x32", "2x2x32", "3x2x32", "other"}
-    assert "3x2x32" not in {"x".join(map(str, b["shapes"]["input0"])) for b in
-                            read_manifest(extra_compiled).networks["value"].artifacts["tvm"].facts["shape_builds"]}
+    assert record.facts.route is not None and set(record.facts.route.routes) == {"1x1x32", "2x3x32", "4x6x32", "2x2x32", "3x2x32", "other"}
+    assert "3x2x32" not in {"x".join(map(str, b.shapes["input0"])) for b in
+                            read_manifest(extra_compiled).networks["value"].artifacts["tvm"].facts.shape_builds}
 
 
 def test_extra_shape_runs_its_own_library_and_matches_torch(extra_compiled: Path) -> None:

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rlopt.errors import BackendUnavailable
 from rlopt.manifest import read_manifest
 from rlopt.parity import Tolerance
-from rlopt.recipe import TvmConfig
+from rlopt.backends.tvm.config import TvmConfig
 from rlopt.reference import Reference
 from tests.conftest import CompileFactory, assert_tensorrt_as_this_machine_allows, tensorrt_missing
 
@@ -65,10 +65,10 @@ def test_padded_onnx_has_1024_and_768_where_1000_and_513_stood(gpu_dir: Path) ->
 
 def test_manifest_lists_padded_dims_skipped_edges_and_exactness(gpu_dir: Path) -> None:
     manifest = read_manifest(gpu_dir)
-    policy = manifest.networks["policy"].facts["pad_gemm"]
+    policy = manifest.networks["policy"].facts.as_dict()["pad_gemm"]
     assert sorted({(p["from"], p["to"]) for p in policy["padded"]}) == [(513, 768), (1000, 1024)]
     assert policy["exactness"] == {"max_abs_diff": 0.0, "bit_identical": True, "compared": 12}
-    value = manifest.networks["value"].facts["pad_gemm"]
+    value = manifest.networks["value"].facts.as_dict()["pad_gemm"]
     reasons = [s["reason"] for s in value["skipped"]]
     assert any("LayerNormalization" in r for r in reasons) and any("network output" in r for r in reasons)
     assert manifest.networks["policy"].artifacts["onnxruntime"].path == "policy/model.padded.onnx"
@@ -91,14 +91,16 @@ def test_padded_model_matches_the_unpadded_one_at_min_opt_max(gpu_dir: Path) -> 
 def test_tensorrt_is_skipped_with_the_reason_or_built_and_the_plan_is_recorded(gpu_dir: Path) -> None:
     manifest = read_manifest(gpu_dir)
     for network in manifest.networks.values():
-        assert_tensorrt_as_this_machine_allows(network.artifacts["tensorrt"])
-        assert network.facts["tensorrt_plan"]["profiles"][0]["obs"]["max"] == [8, 16, 64]
-    assert manifest.networks["value"].facts["tensorrt_plan"]["precision"] == "fp16"
+        trt = network.artifacts["tensorrt"]
+        assert_tensorrt_as_this_machine_allows(trt)
+        assert network.facts.profiles[0]["obs"]["max"] == [8, 16, 64]
+        assert trt.facts.profiles == network.facts.profiles, "TensorRT's plan, built or skipped"
+    assert manifest.networks["value"].artifacts["tensorrt"].facts.precision == "fp16"
     assert len(list(gpu_dir.rglob("model.plan"))) == (0 if tensorrt_missing() else 2)
 
 
 def test_precision_record_says_what_each_backend_did(gpu_dir: Path) -> None:
-    value = read_manifest(gpu_dir).networks["value"].facts["precision"]
+    value = read_manifest(gpu_dir).networks["value"].facts.as_dict()["precision"]
     assert value["requested"] == "fp16"
     assert "precision fp16 not applied" in value["backends"]["onnxruntime"]
     assert value["backends"]["tensorrt"].startswith("not built: TensorRT needs" if tensorrt_missing() else
@@ -116,7 +118,7 @@ def test_every_triton_config_parses_and_agrees_with_the_profile(gpu_dir: Path) -
     for path in configs:
         config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
         network = manifest.networks[config.name.split("_")[1]]
-        profile = network.facts["tensorrt_plan"]["profiles"][0]["obs"]
+        profile = network.facts.as_dict()["profiles"][0]["obs"]
         assert config.max_batch_size == profile["max"][0] == 8
         assert [list(t.dims) for t in config.input] == [[-1, 64]]
         assert [(w.batch_size, list(next(iter(w.inputs.values())).dims)) for w in config.model_warmup] == [
@@ -160,9 +162,9 @@ def test_tvm_cuda_is_cross_compiled_with_nvcc(tmp_path: Path) -> None:
     out = build_tvm_cuda(tiny_mlp(tmp_path / "m.onnx"), TvmConfig(target={"kind": "cuda", "arch": "sm_86"}), tmp_path,
                          precision="fp32", recipe_path=tmp_path / "r.yaml", network="policy")
     assert out.artifact == tmp_path / "tvm-cuda-sm_86.so" and out.artifact.stat().st_size > 0
-    check = out.facts["cross_compile_check"]
+    check = out.facts.cross_compile_check
     assert check["arch"] == "sm_86" and check["fatbin_bytes"] > 0
-    assert any(k.startswith("fused_matmul") for k in out.facts["fused_kernels"])
+    assert any(k.startswith("fused_matmul") for k in out.facts.fused_kernels)
 
 
 def test_tvm_cuda_without_nvcc_is_skipped_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,9 +260,9 @@ def test_full_recipe_builds_tvm_cuda_unverified_here(tmp_path: Path) -> None:
         if _no_cuda_device() is None:  # a GPU machine verifies it
             assert tvm.verified, tvm
             continue
-        assert tvm.facts["verified"] is False and "GPU" in tvm.facts["not_verified"]
+        assert tvm.facts.verified is False and "GPU" in (tvm.facts.not_verified or "")
         assert network.selected != "tvm"
-    assert manifest.networks["value"].artifacts["tvm"].facts.get("precision_built", "fp16") == "fp16"
+    assert manifest.networks["value"].artifacts["tvm"].facts.as_dict().get("precision_built", "fp16") == "fp16"
 
 
 def _no_cuda_device() -> str | None:

@@ -51,7 +51,7 @@ def test_auto_session_follows_the_manifest_routes_and_matches_the_reference(tiny
     import json
 
     manifest = json.loads((tiny_compiled / "manifest.json").read_text())
-    expected_routes = manifest["networks"]["policy"]["facts"]["auto_routes"]
+    expected_routes = manifest["networks"]["policy"]["facts"]["route"]["routes"]
     session = rlopt.load(tiny_compiled, "policy")
     assert session.routes == expected_routes
     assert session.backend == expected_routes["2x3x32"]

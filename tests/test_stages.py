@@ -12,7 +12,7 @@ import torch
 from rlopt.errors import RecipeError, StageError
 from rlopt.recipe import load_recipe
 from rlopt.stages.export_onnx import dynamic_dim_names, export_onnx
-from rlopt.stages.load_model import build_model, submodule
+from rlopt.user_model import build_model, submodule
 from rlopt.stages.script import script_network
 from rlopt.backends.tvm.build import build_tvm, target_slug, tensorize_shape_comparisons
 from tests.conftest import write_tiny_recipe
@@ -60,10 +60,10 @@ def test_tvm_build_fuses_and_is_exact_on_both_branches(exported: tuple[Path, obj
     path, policy, recipe = exported
     out = build_tvm(path, recipe.tvm, tmp_path, recipe_path=tmp_path / "r.yaml", network="policy")
     assert out.artifact is not None and out.artifact.name == "tvm-llvm.so"
-    assert any(name.startswith("fused_matmul") and "relu" in name for name in out.facts["fused_kernels"])
+    assert any(name.startswith("fused_matmul") and "relu" in name for name in out.facts.fused_kernels)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(out.artifact)), tvm.cpu())
     weights = read_params(tmp_path / "tvm-llvm.params.npz")
-    params = bind_params(tvm, vm, out.facts["param_names"], weights, tvm.cpu())
+    params = bind_params(tvm, vm, out.facts.param_names, weights, tvm.cpu())
     for shape in [(1, 1, 32), (1, 5, 32), (3, 2, 32), (4, 6, 32)]:
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         expected = policy(torch.from_numpy(x)).detach().numpy()
@@ -135,7 +135,7 @@ def test_checkpoint_round_trip_pt_and_safetensors(tmp_path: Path) -> None:
     for name in ("w.pt", "w.safetensors"):
         loaded, facts = build_model(recipe.model.model_copy(update={"checkpoint": name}), recipe_path)
         assert torch.equal(loaded.state_dict()["policy.fc1.weight"], state["policy.fc1.weight"])
-        assert len(facts.facts["checkpoint_sha256"]) == 64
+        assert len(facts["checkpoint_sha256"]) == 64
 
 
 # issue 14: every scripted module fingerprints; the export chain with its guards; TVM names what it cannot import
@@ -203,7 +203,8 @@ def test_export_falls_back_to_the_trace_where_the_scripted_graph_is_refused(tmp_
         assert out.facts["export_path"] == "trace" and out.facts["refused"].startswith(op + ": ")
         assert "\n" not in out.facts["refused"]
         with pytest.raises(StageError, match=r"networks\.net: ONNX export failed: " + op):
-            export_onnx(ts_path, spec, 17, tmp_path / "model.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+            export_onnx(ts_path, spec, 17, tmp_path / "refused.onnx", recipe_path=tmp_path / "r.yaml", network="net")
+        assert not (tmp_path / "refused.onnx").exists(), "nothing half-written"
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -269,7 +270,7 @@ def test_dynamo_is_gated_on_onnxscript() -> None:
 
 def test_tvm_names_the_onnx_ops_its_frontend_cannot_convert(tmp_path: Path) -> None:
     from rlopt.errors import BackendUnavailable
-    from rlopt.backends.tvm.importer import check_supported, unsupported_ops
+    from rlopt.backends.tvm.normalize import check_supported, unsupported_ops
     from tests.data.models.coverage import LstmSequence
 
     ts_path, _ = _script(LstmSequence(), tmp_path)

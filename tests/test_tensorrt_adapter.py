@@ -87,7 +87,7 @@ def test_a_refused_optimization_profile_is_a_stage_error(tmp_path: Path) -> None
     plan = plan_for("fp32", extra_profile=True, tmp=tmp_path)
     backwards = OptimizationProfile((("obs", ShapeRange((2, 4), (1, 4), (1, 4))),))  # max < min
     with pytest.raises(StageError, match="refused optimization profile 1"):
-        build(trt, replace(plan, profiles=(plan.profiles[0], backwards)), tmp_path)
+        build(trt, replace(plan, shapes=replace(plan.shapes, profiles=(plan.profiles[0], backwards))), tmp_path)
     assert "Builder.build_serialized_network" not in methods(trt)
 
 
@@ -188,17 +188,17 @@ def test_stage_prepares_the_graph_then_builds(version: str, casts: str, tmp_path
     """With the gate open (stand-in module, GPU check patched), the stage prepares the ONNX and calls the adapter."""
     out = _stage_build(make_tensorrt(version), "fp16", tmp_path, monkeypatch)
     assert out.artifact == tmp_path / "model.plan"
-    assert out.facts["prepared"]["precision_in_graph"] == casts
+    assert out.facts.prepared is not None and out.facts.prepared["precision_in_graph"] == casts
     assert not (tmp_path / "model.trt.onnx").exists()
-    assert out.facts["profiles"][0]["obs"] == {"min": [1, 4], "opt": [4, 4], "max": [8, 4]}
+    assert out.facts.profiles[0]["obs"] == {"min": [1, 4], "opt": [4, 4], "max": [8, 4]}
 
 
 def test_bf16_on_tensorrt_11_builds_fp32_with_the_notice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """TensorRT 11 takes precision from the graph and rlopt writes fp16 casts only: bf16 falls back to fp32."""
     trt = make_tensorrt("11.4.0")
     out = _stage_build(trt, "bf16", tmp_path, monkeypatch)
-    assert out.facts["precision_built"] == "fp32" and out.facts["prepared"]["precision_in_graph"] == "fp32"
-    assert out.facts["notice"].startswith("bf16 not applied")
+    assert out.facts.precision_built == "fp32" and (out.facts.prepared or {})["precision_in_graph"] == "fp32"
+    assert (out.facts.notice or "").startswith("bf16 not applied")
     assert calls_of(trt, "OnnxParser.parse_from_file") == [("model.trt.onnx",)]
 
 

@@ -9,7 +9,8 @@ import yaml
 from onnx import TensorProto, helper
 
 from rlopt.errors import RecipeError, StageError
-from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange, TensorRTConfig
+from rlopt.backends.tensorrt.config import TensorRTConfig
+from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange
 from rlopt.backends.tensorrt.plan import make_plan, onnx_inputs
 
 ROOT = Path(__file__).resolve().parents[1]

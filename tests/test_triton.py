@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange, TensorRTConfig
+from rlopt.backends.tensorrt.config import TensorRTConfig
+from rlopt.recipe import InputSpec, NetworkSpec, ProfileRange
 from rlopt.backends.tensorrt.plan import TensorRTPlan, make_plan
 from rlopt.compile.triton import OutputShapes, model_config, output_shapes, to_pbtxt, write_models
 

@@ -53,7 +53,7 @@ def _static_recipe(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def policy_onnx(tmp_path_factory: pytest.TempPathFactory) -> onnx.ModelProto:
     from rlopt.stages.export_onnx import export_onnx
-    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.user_model import build_model, submodule
     from rlopt.stages.script import script_network
 
     folder = tmp_path_factory.mktemp("tuning-onnx")
@@ -186,7 +186,7 @@ def test_thread_choice_runs_in_process_and_leaves_this_thread_on_every_core(tiny
 
     from rlopt.backends.tvm.params import read_params
 
-    facts = read_manifest(tiny_compiled).networks["policy"].artifacts["tvm"].facts
+    facts = read_manifest(tiny_compiled).networks["policy"].artifacts["tvm"].facts.as_dict()
     libraries = [(b["shapes"], tiny_compiled / b["file"]["path"], b["param_names"]) for b in facts["shape_builds"]]
     weights = read_params(tiny_compiled / facts["params"]["file"]["path"])
     before = os.sched_getaffinity(0)
@@ -252,7 +252,7 @@ def test_unreadable_database_is_one_located_error(tmp_path: Path) -> None:
 
 def test_compile_builds_a_static_library_per_shape_and_records_every_file(tiny_compiled: Path) -> None:
     tvm_record = read_manifest(tiny_compiled).networks["policy"].artifacts["tvm"]
-    facts = tvm_record.facts
+    facts = tvm_record.facts.as_dict()
     assert facts["target"]["kind"] == "llvm" and facts["target"]["mcpu"] and facts["target"]["num-cores"] >= 1
     builds = facts["shape_builds"]
     assert [b["points"] for b in builds] == [["min"], ["opt"], ["max"]]
@@ -311,7 +311,7 @@ def test_sessions_in_threads_agree(tiny_compiled: Path) -> None:
 
 
 def test_corrupt_shape_library_is_refused_before_loading(tiny_copy: Path) -> None:
-    build = read_manifest(tiny_copy).networks["policy"].artifacts["tvm"].facts["shape_builds"][1]
+    build = read_manifest(tiny_copy).networks["policy"].artifacts["tvm"].facts.as_dict()["shape_builds"][1]
     path = tiny_copy / build["file"]["path"]
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -371,7 +371,7 @@ def test_tune_then_compile_applies_the_database_and_resumes(tmp_path: Path) -> N
 
     result = compile_recipe(recipe, tmp_path / "out")
     assert result.passed, result.failures
-    facts = result.manifest.networks["policy"].artifacts["tvm"].facts
+    facts = result.manifest.networks["policy"].artifacts["tvm"].facts.as_dict()
     (build,) = facts["shape_builds"]
     assert facts["tuned"] is True and len(build["tuned_kernels"]) == 3 and build["untuned_kernels"] == []
     assert facts["tuning_summary"] == "tuned 1/1 shapes"
@@ -523,4 +523,4 @@ def test_shipped_databases_tune_the_bundled_recipes(tmp_path: Path) -> None:
                             backends=["onnxruntime", "tvm"])
     assert result.passed, result.failures
     for network in result.manifest.networks.values():
-        assert network.artifacts["tvm"].facts["tuned"] is True
+        assert network.artifacts["tvm"].facts.as_dict()["tuned"] is True

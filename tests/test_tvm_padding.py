@@ -64,7 +64,7 @@ def test_a_shape_without_its_own_build_is_padded_into_one_and_matches_torchscrip
     import torch
 
     record = read_manifest(tiny_compiled).networks[network]
-    gate = record.artifacts["tvm"].facts["variant_parity"]["padded"]
+    gate = record.artifacts["tvm"].facts.as_dict()["variant_parity"]["padded"]
     assert gate["passed"] and gate["compared"] > 0
     session = rlopt.load(tiny_compiled, network, backend="tvm")
     module = torch.jit.load(str(tiny_compiled / record.files["model.ts"].path))
@@ -89,16 +89,17 @@ def test_a_shape_without_its_own_build_is_padded_into_one_and_matches_torchscrip
 def test_without_the_gates_pass_other_shapes_take_the_dynamic_library(tiny_compiled: Path) -> None:
     record = read_manifest(tiny_compiled).networks["policy"]
     artifact = record.artifacts["tvm"].model_copy(deep=True)
-    del artifact.facts["variant_parity"]["padded"]
+    artifact.facts = artifact.facts.updated(variant_parity={k: v for k, v in artifact.facts.variant_parity.items()
+                                                            if k != "padded"})
     runner = open_artifact(tiny_compiled, "tvm", artifact, list(record.inputs))
     assert runner.padding is not None and not runner.pads  # type: ignore[attr-defined]
     runner.infer({"input0": np.ones((3, 2, 32), np.float32)})
     assert isinstance(runner._local.plans[(((3, 2, 32), np.dtype(np.float32)),)], VmCall)  # type: ignore[attr-defined]
     # compile timed only the path that serves other shapes (padded); the dynamic one, unmeasured, is never picked
-    assert unbucketed_variant(artifact.facts) == "dynamic" and unbucketed_p50(artifact) == float("inf")
-    assert unbucketed_variant(record.artifacts["tvm"].facts) == "padded"
-    assert unbucketed_p50(record.artifacts["tvm"]) == record.artifacts["tvm"].facts["variant_latency_us"]["padded"]["opt"]
-    assert set(record.artifacts["tvm"].facts["variant_latency_us"]) == {"padded"}
+    assert unbucketed_variant("tvm", artifact.facts) == "dynamic" and unbucketed_p50("tvm", artifact) == float("inf")
+    assert unbucketed_variant("tvm", record.artifacts["tvm"].facts) == "padded"
+    assert unbucketed_p50("tvm", record.artifacts["tvm"]) == record.artifacts["tvm"].facts.as_dict()["variant_latency_us"]["padded"]["opt"]
+    assert set(record.artifacts["tvm"].facts.as_dict()["variant_latency_us"]) == {"padded"}
 
 
 COUPLED_MODEL = '''
@@ -147,7 +148,7 @@ def test_a_network_that_mixes_rows_fails_the_gate_and_is_never_padded(tmp_path: 
     result = compile_recipe(tmp_path / "coupled.yaml", tmp_path / "out")
     assert result.passed, result.failures
     tvm = read_manifest(result.model_dir).networks["value"].artifacts["tvm"]
-    assert tvm.verified and tvm.facts["variant_parity"]["padded"]["passed"] is False
+    assert tvm.verified and tvm.facts.as_dict()["variant_parity"]["padded"]["passed"] is False
     session = rlopt.load(result.model_dir, "value", backend="tvm")
     x = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
     got = session.run({"x": x})["value"]

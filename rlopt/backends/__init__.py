@@ -1,6 +1,8 @@
 """The backend registry: adding a backend is one package under rlopt/backends/ and one line in BACKENDS.
 
 Importing this package imports no backend library; a runner's module is imported when it is opened.
+`DEFAULT_BACKENDS` is what a recipe that omits `backends` builds: a fixed set, so registering a backend changes
+no such recipe (contract section 14).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlopt.backends import onnxruntime, openvino, tensorrt, torchscript, tvm
-from rlopt.backends.base import Backend, Runner, module_missing
+from rlopt.backends.base import Runner, module_missing
+from rlopt.backends.capability import Backend
 from rlopt.errors import BackendUnavailable
 from rlopt.facts import ArtifactFacts
 
@@ -24,6 +27,38 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
 # What a recipe that omits `backends` builds (contract section 14): a backend registered later joins a recipe only
 # when the recipe names it.
 DEFAULT_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "tvm", "tensorrt")
+
+# The front end's libraries: every stage runs them (ONNX Runtime checks the padded graph against the exported one).
+FRONT_END_DISTRIBUTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch", ("torch",)), ("onnx", ("onnx",)), ("numpy", ("numpy",)),
+    ("onnxruntime", ("onnxruntime", "onnxruntime-gpu")))
+
+
+def _versions(declared: Iterable[tuple[str, tuple[str, ...]]]) -> dict[str, str | None]:
+    from rlopt import __version__
+    from rlopt.lazy import version_of
+
+    versions: dict[str, str | None] = {"rlopt": __version__}
+    for key, distributions in declared:
+        if key not in versions:
+            versions[key] = next(filter(None, map(version_of, distributions)), None)
+    return versions
+
+
+def tool_versions() -> dict[str, str | None]:
+    """rlopt's version and each library's: the front end's, each registered backend's `distributions`, pydantic.
+    What a manifest records and `rlopt inspect` shows."""
+    return _versions([*FRONT_END_DISTRIBUTIONS, *(d for b in BACKENDS.values() for d in b.distributions),
+                      ("pydantic", ("pydantic",))])
+
+
+def stage_versions(backend: str | None = None) -> dict[str, str | None]:
+    """The library versions a stage's cache key holds: rlopt's and the front end's, and for a backend's stage (its
+    build, its verification) that backend's declared distributions. A new version of a backend's library rebuilds
+    its stages and no other's; installing an optional backend keeps every other cache entry."""
+    declared = BACKENDS[backend].distributions if backend in BACKENDS else ()
+    return _versions([*FRONT_END_DISTRIBUTIONS, *declared])
+
 
 RunnerFactory = Callable[[Path, list[str], Any], Runner]
 FactsLike = ArtifactFacts | Mapping[str, Any] | None
@@ -91,5 +126,5 @@ def open_runner(backend: str, path: Path, input_names: list[str], facts: FactsLi
     return RUNNERS[backend](path, input_names, typed)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "RUNNERS", "Backend", "Runner", "facts_of", "import_before_torch", "open_runner",
-           "unavailable_reason"]
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "FRONT_END_DISTRIBUTIONS", "RUNNERS", "Backend", "Runner", "facts_of",
+           "import_before_torch", "open_runner", "stage_versions", "tool_versions", "unavailable_reason"]

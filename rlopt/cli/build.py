@@ -58,7 +58,7 @@ def compile_command(
                          "(model.vecnormalize, verify.rollout.env)")
     with native_output_to_log("compile") as log, ProgressReporter() as reporter, \
             (stdout_kept_for_json() if json_out else contextlib.nullcontext()):
-        options: dict[str, Any] = {"backends": backend, "tune_trials": tune_trials, "reporter": reporter,
+        options: dict[str, Any] = {"backends": backend, "overrides": _tuning(tune_trials), "reporter": reporter,
                                    "cache": StageCache(enabled=not no_cache)}
         result = (compile_agent(recipe, output, vecnormalize=vecnormalize, env=env, **options) if agent
                   else compile_recipe(recipe, output, **options))
@@ -122,3 +122,14 @@ def refit_command(
             stdout.print(f"refitted {result.model_dir} in {result.seconds:.2f} s")
     if not result.passed:
         exit_failed(result.failures, "nothing was replaced")
+
+
+def _tuning(trials: int | None) -> dict[str, dict[str, Any]] | None:
+    """--tune-trials: TVM's MetaSchedule budget (like `rlopt tune`, TVM's by definition), as a recipe override."""
+    from rlopt.errors import UsageError
+
+    if trials is None:
+        return None
+    if trials < 0:
+        raise UsageError("--tune-trials must be >= 0")
+    return {"tvm": {"tune_trials": trials}}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {"compile_recipe": "rlopt.compile.driver", "CompileResult": "rlopt.compile.driver",
-            "compile_agent": "rlopt.compile.driver", "Reporter": "rlopt.compile.engine", "tool_versions": "rlopt.compile.engine"}
+            "compile_agent": "rlopt.compile.driver", "Reporter": "rlopt.compile.engine", "tool_versions": "rlopt.backends"}
 
 
 def __getattr__(name: str) -> Any:

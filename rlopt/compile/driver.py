@@ -8,16 +8,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from rlopt import __version__
 from rlopt.compile.cache import StageCache
-from rlopt.compile.engine import Engine, Reporter, Silent, tool_versions
-from rlopt.compile.frontend import ModelSource, model_source
+from rlopt.backends import BACKENDS as BACKEND_REGISTRY, tool_versions
+from rlopt.compile.engine import Engine, Reporter, Silent
+from rlopt.stages.frontend import ModelSource
 from rlopt.compile.network import compile_network
 from rlopt.compile.rounds import kept_worker
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
-from rlopt.compile.sources import stored_recipe
-from rlopt.compile.stage import Context
-from rlopt.errors import RloptError, UsageError, located
+from rlopt.compile.sources import model_source, stored_recipe
+from rlopt.stages.base import Context
+from rlopt.errors import RloptError, UsageError, explain_validation_error, located
 from rlopt.locking import exclusive_lock
 from rlopt.machine import machine_facts
 from rlopt.manifest import (MANIFEST_NAME, SCHEMA_VERSION, BuildResult, Manifest, NetworkRecord, file_record,
@@ -29,16 +32,24 @@ class CompileResult(BuildResult):
     """What `rlopt compile` wrote and found."""
 
 
-def resolve_options(recipe: Recipe, backends: list[str] | None, tune_trials: int | None, recipe_path: Path) -> Recipe:
+def resolve_options(recipe: Recipe, backends: list[str] | None, overrides: dict[str, dict[str, Any]] | None,
+                    recipe_path: Path) -> Recipe:
+    """The recipe with the command line's choices: `backends` replaces its list, `overrides` update fields of a
+    backend's section (section -> field -> value, validated like the recipe)."""
     if backends:
         unknown = [b for b in backends if b not in BACKENDS]
         if unknown:
             raise UsageError(f"--backend {unknown[0]}: unknown backend; fix: use one of {', '.join(BACKENDS)}")
         recipe = recipe.model_copy(update={"backends": list(dict.fromkeys(backends))})
-    if tune_trials is not None:
-        if tune_trials < 0:
-            raise UsageError("--tune-trials must be >= 0")
-        recipe = recipe.model_copy(update={"tvm": recipe.tvm.model_copy(update={"tune_trials": tune_trials})})
+    for section, fields in (overrides or {}).items():
+        if section not in recipe.backend_sections():
+            raise UsageError(f"{section}: no such recipe section; fix: use one of {', '.join(recipe.backend_sections())}")
+        current = recipe.section(section)
+        try:
+            updated = type(current).model_validate({**current.model_dump(), **fields})
+        except ValidationError as exc:
+            raise UsageError(explain_validation_error(f"{recipe_path} ({section} from the command line)", exc)) from None
+        recipe = recipe.model_copy(update={section: updated})
     return recipe
 
 
@@ -47,9 +58,11 @@ def default_output_dir(recipe: Recipe) -> Path:
 
 
 def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *, backends: list[str] | None = None,
-                   tune_trials: int | None = None, reporter: Reporter | None = None,
+                   overrides: dict[str, dict[str, Any]] | None = None, reporter: Reporter | None = None,
                    cache: StageCache | None = None, source: ModelSource | None = None) -> CompileResult:
     """Compile every network of a recipe into MODEL_DIR; returns the manifest and any verification failures.
+
+    `backends` replaces the recipe's list; `overrides` update backends' sections (e.g. {"tvm": {"tune_trials": 8}}).
 
     `cache` defaults to the stage cache under $RLOPT_CACHE; pass StageCache(enabled=False) to bypass it.
     `source` makes the model (default: the one the recipe's `model` section names).
@@ -59,7 +72,7 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
     cache = cache if cache is not None else StageCache()
     recipe_path = Path(recipe_path)
     engine = Engine(reporter or Silent(), cache)
-    recipe = resolve_options(load_recipe(recipe_path), backends, tune_trials, recipe_path)
+    recipe = resolve_options(load_recipe(recipe_path), backends, overrides, recipe_path)
     out_dir = Path(out_dir) if out_dir is not None else default_output_dir(recipe)
     if not is_model_dir_or_empty(out_dir):
         raise UsageError(located(out_dir, "-o", "exists and is not an rlopt MODEL_DIR",
@@ -73,7 +86,8 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             (staging / "recipe.yaml").write_text(stored.resolved_yaml(), encoding="utf-8")
             source = source or model_source(recipe, recipe_path)
             model, _ = source.load()
-            with kept_worker(start="onnxruntime" in recipe.backends and len(recipe.backends) > 1):
+            timed_apart = any(BACKEND_REGISTRY[b].timed_apart for b in recipe.backends)
+            with kept_worker(start=timed_apart and len(recipe.backends) > 1):
                 networks, failures = _compile_networks(engine, recipe, recipe_path, staging, source, model)
             manifest = Manifest(
                 schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,
@@ -92,7 +106,7 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
 def _compile_networks(engine: Engine, recipe: Recipe, recipe_path: Path, staging: Path, source: ModelSource,
                       model: Any) -> tuple[dict[str, NetworkRecord], list[str]]:
     """Every network's stage lists, in the recipe's order; with a rollout, the actor is checked on it too."""
-    from rlopt.stages.load_model import submodule
+    from rlopt.user_model import submodule
 
     networks: dict[str, NetworkRecord] = {}
     failures: list[str] = []
@@ -115,7 +129,7 @@ def _compile_networks(engine: Engine, recipe: Recipe, recipe_path: Path, staging
 def compile_agent(zip_path: Path | str, out_dir: Path | str | None = None, *, vecnormalize: Path | str | None = None,
                   env: str | None = None, **options: Any) -> Any:
     """`rlopt compile agent.zip`: generate the recipe (rlopt.sb3.agent_recipe), compile it, keep it as
-    DIR/recipe.yaml. `options` go to compile_recipe (backends, tune_trials, reporter, cache)."""
+    DIR/recipe.yaml. `options` go to compile_recipe (backends, overrides, reporter, cache)."""
     import tempfile
 
     import yaml

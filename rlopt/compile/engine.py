@@ -2,23 +2,24 @@
 
 Timing and progress (the Reporter protocol), skips (BackendUnavailable), build failures, and the
 stage cache. A stage's cache key chains like Olive's output ids: its code version (its own module
-and declared helpers, not all of rlopt), its recipe slice, its upstream artifacts' keys, tool
-versions, and this machine's identity (CPU, and GPU where one is) only where the stage's output depends on it.
+and declared helpers, not all of rlopt), its recipe slice, its upstream artifacts' keys, the versions of the
+libraries it runs (the front end's, and its backend's declared distributions for a backend's stage), and this
+machine's identity (CPU, and GPU where one is) only where the stage's output depends on it.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlopt import __version__
+from rlopt.backends import stage_versions
 from rlopt.compile.cache import StageCache, cache_key
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput
 from rlopt.errors import BackendUnavailable, StageError
-from rlopt.lazy import module_version, version_of
+from rlopt.facts import Facts
 from rlopt.machine import cpu_identity, gpu_identity
 
 
@@ -36,33 +37,17 @@ class Silent:
         pass
 
 
-def tool_versions() -> dict[str, str | None]:
-    return {
-        "rlopt": __version__,
-        "torch": version_of("torch"),
-        "onnx": version_of("onnx"),
-        "onnxruntime": version_of("onnxruntime") or version_of("onnxruntime-gpu"),
-        "apache-tvm": version_of("apache-tvm"),
-        "apache-tvm-ffi": version_of("apache-tvm-ffi"),
-        "tensorrt": module_version("tensorrt"),  # tensorrt-cu12 / -cu13 installs too
-        "openvino": version_of("openvino"),
-        "numpy": version_of("numpy"),
-        "pydantic": version_of("pydantic"),
-    }
 
 
-# openvino keys only its own stage (its config): installing the optional extra must not invalidate every stage
-CACHE_VERSIONS = {name: version for name, version in tool_versions().items() if name not in ("pydantic", "openvino")}
-
-
-def key_components(stage: Stage, ctx: Context) -> dict[str, Any]:
-    """What a stage's output depends on; sha256 of these (canonical JSON) is its cache key."""
+def key_components(stage: Stage, ctx: Context, backend: str | None = None) -> dict[str, Any]:
+    """What a stage's output depends on; sha256 of these (canonical JSON) is its cache key. `backend`: the backend
+    whose stage (build or verification) this is, so its library's version joins the key."""
     upstream = stage.upstream(ctx)
     if not stage.weights_dependent:  # keyed by the graph alone: reusable after new weights (a refit)
         upstream = {name: ({k: v for k, v in key.items() if k != "weights"} if isinstance(key, dict) else key)
                     for name, key in upstream.items()}
     components: dict[str, Any] = {"stage": stage.label, "code": stage.code_version(), "config": stage.config(ctx),
-                                  "upstream": upstream, "versions": CACHE_VERSIONS}
+                                  "upstream": upstream, "backend": backend, "versions": stage_versions(backend)}
     if stage.machine_dependent:
         components["machine"] = cpu_identity()
         gpu = gpu_identity()
@@ -76,6 +61,8 @@ class BackendOutcome:
     output: StageOutput | None = None
     skipped: str | None = None
     failure: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # what a skipped backend had settled (BackendUnavailable)
+    identity: Any = None  # the producing stage's artifact_identity (None: the artifact's bytes)
 
 
 class Engine:
@@ -86,8 +73,9 @@ class Engine:
         for stage in stages:
             self.run(stage, ctx)
 
-    def run(self, stage: Stage, ctx: Context) -> StageOutput | None:
-        """Run one stage (or reuse its cached output); None when it does not apply to this network."""
+    def run(self, stage: Stage, ctx: Context, backend: str | None = None) -> StageOutput | None:
+        """Run one stage (or reuse its cached output); None when it does not apply to this network. `backend`: the
+        backend whose stage it is (its library's version keys the cache)."""
         if not stage.applies(ctx):
             return None
         label = stage.label
@@ -95,7 +83,7 @@ class Engine:
         start = time.perf_counter()
         outcome: str | None = None
         try:
-            components = key_components(stage, ctx)
+            components = key_components(stage, ctx, backend)
             if stage.cacheable(ctx):
                 out, outcome = self._cached(stage, ctx, components)
             else:
@@ -103,7 +91,7 @@ class Engine:
         except BackendUnavailable as exc:
             self._finish(ctx, label, "skipped", start, str(exc), outcome)
             raise
-        except Exception:
+        except Exception:  # recorded as the stage's error row, then raised as it is (rlopt.errors: whose fault decides)
             self._finish(ctx, label, "error", start, "", outcome)
             raise
         ctx.outputs[label] = out
@@ -119,11 +107,11 @@ class Engine:
         outcome = BackendOutcome()
         try:
             for stage in stages:
-                out = self.run(stage, ctx)
+                out = self.run(stage, ctx, backend)
                 if out is not None:
-                    outcome.output = out
+                    outcome.output, outcome.identity = out, stage.artifact_identity(ctx, out)
         except BackendUnavailable as exc:
-            return BackendOutcome(skipped=str(exc))
+            return BackendOutcome(skipped=str(exc), facts=exc.facts)
         except StageError as exc:
             return BackendOutcome(skipped=f"build failed: {exc}", failure=f"{ctx.name}/{backend}: build failed: {exc}")
         if outcome.output is None:
@@ -136,8 +124,9 @@ class Engine:
         if hit is not None:
             for name, path in hit.files.items():
                 shutil.copyfile(path, ctx.dir / name)
-            artifact = hit.facts.get("artifact")
-            out = StageOutput(ctx.dir / artifact if artifact else None, hit.facts.get("facts", {}))
+            artifact, facts = hit.facts.get("artifact"), hit.facts.get("facts", {})
+            typed = stage.facts_model.model_validate(facts) if stage.facts_model is not None else facts
+            out = StageOutput(ctx.dir / artifact if artifact else None, typed)
             outcome = "hit"
         else:
             outcome = ("miss: " + self.cache.explain_miss(ctx.scope, label, components)) if self.cache.enabled \
@@ -146,7 +135,8 @@ class Engine:
             out = stage.run(ctx)
             files = {p.name: p for p in sorted(ctx.dir.iterdir()) if p.is_file() and p not in before}
             artifact = out.artifact.name if isinstance(out.artifact, Path) else None
-            self.cache.store(label, components, files, {"artifact": artifact, "facts": out.facts})
+            facts = out.facts.as_dict() if isinstance(out.facts, Facts) else out.facts
+            self.cache.store(label, components, files, {"artifact": artifact, "facts": facts})
         self.cache.remember(ctx.scope, label, components)
         return out, outcome
 
@@ -160,4 +150,4 @@ class Engine:
         self.reporter.stage_finished(ctx.name, stage, status, seconds, detail)
 
 
-__all__ = ["CACHE_VERSIONS", "BackendOutcome", "Engine", "Reporter", "Silent", "key_components", "tool_versions"]
+__all__ = ["BackendOutcome", "Engine", "Reporter", "Silent", "key_components"]

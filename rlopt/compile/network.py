@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlopt.backends import BACKENDS
+from rlopt.backends import BACKENDS, facts_of
 from rlopt.compile.engine import Engine
-from rlopt.compile.frontend import FRONTEND
-from rlopt.compile.gpu_path import precision_record, tolerance_for, write_triton
-from rlopt.compile.measure import ChooseAuto, VerifyBackend, backend_record
-from rlopt.compile.stage import Context, Stage, StageOutput, load_stage
+from rlopt.compile.gpu_path import plan_padding, precision_record, write_triton
+from rlopt.compile.auto import ChooseAuto
+from rlopt.compile.measure import VerifyBackend, backend_record
+from rlopt.facts import ExportFacts, NetworkFacts, ScriptFacts
 from rlopt.manifest import BackendRecord, InputProfile, NetworkRecord, file_record
 from rlopt.runtime import ranked_backends
+from rlopt.stages.base import Context, Stage, StageOutput, load_stage
+from rlopt.stages.frontend import FRONTEND
 
 
-SCRIPT_FACTS = ("graph_sha256", "weights_sha256")
-EXPORT_FACTS = ("exporter", "export_path", "refused", "trace_refused", "dynamo_refused", "weight_map")
 
 
 def backend_stages(backend: str) -> list[Stage]:
@@ -26,13 +26,13 @@ def backend_stages(backend: str) -> list[Stage]:
 class TritonRepository(Stage):
     """`triton/<model>/config.pbtxt` + `1/model.*` for every verified backend Triton serves."""
 
-    name, inputs = "triton", ("tensorrt_plan", "reference.npz")
+    name, inputs = "triton", ("profiles", "reference.npz")
 
     def __init__(self, artifacts: dict[str, BackendRecord]) -> None:
         self.records = artifacts
 
     def run(self, ctx: Context) -> StageOutput:
-        files = write_triton(ctx.staging, ctx.recipe.name, ctx.name, self.records, ctx.artifacts["tensorrt_plan"],
+        files = write_triton(ctx.staging, ctx.recipe.name, ctx.name, self.records, ctx.artifacts["profiles"],
                              ctx.reference, ctx.spec)
         ctx.artifacts["triton"] = files
         return StageOutput(None, {})
@@ -45,22 +45,26 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
     """Front end, every backend of the recipe, verification and latency, Triton, `auto`; failures go to ctx."""
     spec, verify = ctx.spec, ctx.recipe.verify
     ctx.dir.mkdir()
+    plan_padding(ctx)
     engine.run_all([stage() for stage in (frontend if frontend is not None else FRONTEND)], ctx)
     artifacts: dict[str, BackendRecord] = {}
     built: dict[str, StageOutput] = {}
+    identities: dict[str, Any] = {}
     for backend in ctx.recipe.backends:
         outcome = engine.run_backend(backend, backend_stages(backend), ctx)
         if outcome.output is not None:
-            built[backend] = outcome.output
+            built[backend], identities[backend] = outcome.output, outcome.identity
         else:
-            artifacts[backend] = BackendRecord(skipped=outcome.skipped)
+            artifacts[backend] = BackendRecord(skipped=outcome.skipped, facts=facts_of(backend, outcome.facts))
         if outcome.failure:
             ctx.failures.append(outcome.failure)
     for backend, output in built.items():
-        tol = tolerance_for(output.facts, verify)
-        out = engine.run(VerifyBackend(backend, output, tol), ctx)
+        tol, parity_gate = verify.gate_for(output.facts.precision_built)
+        if parity_gate is not None:  # recorded, so `rlopt verify` re-checks with the same tolerances
+            output = StageOutput(output.artifact, output.facts.updated(parity_gate=parity_gate))
+        out = engine.run(VerifyBackend(backend, output, tol, identities[backend]), ctx)
         assert out is not None
-        artifacts[backend], failure = backend_record(ctx, out, output.artifact)
+        artifacts[backend], failure = backend_record(ctx, backend, out, output.artifact)
         if failure:
             ctx.failures.append(failure)
     index_ranges = ctx.outputs["onnx"].facts.get("index_ranges", {}) if "onnx" in ctx.outputs else {}
@@ -81,20 +85,21 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
         record.files["model.padded.onnx"] = file_record(ctx.staging, ctx.artifacts["model.padded.onnx"])
     none = StageOutput(None)
     script, export = ctx.outputs.get("script", none).facts, ctx.outputs.get("onnx", none).facts
-    record.facts = {**ctx.facts, "precision": precision_record(spec, record.artifacts),
-                    "script": {k: script[k] for k in SCRIPT_FACTS if k in script},
-                    "onnx": {k: export[k] for k in EXPORT_FACTS if k in export}}
     engine.run(TritonRepository(record.artifacts), ctx)
     triton: dict[str, Any] = ctx.artifacts["triton"]
     record.files.update(triton)
-    record.facts["triton"] = sorted({path.split("/")[1] for path in triton})
+    record.facts = NetworkFacts(
+        **ctx.facts, precision=precision_record(spec, record.artifacts),
+        script=ScriptFacts(**{k: script[k] for k in ScriptFacts.model_fields if k in script}),
+        onnx=ExportFacts(**{k: export[k] for k in ExportFacts.model_fields if k in export}),
+        triton=sorted({path.split("/")[1] for path in triton}))
     ranked = ranked_backends(record)
     record.selected = ranked[0] if ranked else None
     if ranked:
         auto = engine.run(ChooseAuto(record), ctx)
         assert auto is not None
-        record.selected = auto.facts.pop("selected")
-        record.facts.update(auto.facts)
+        record.selected = auto.facts["selected"]
+        record.facts = record.facts.updated(route=auto.facts["route"])
     if record.selected is None:
         ctx.failures.append(f"{ctx.name}: no backend was built and verified")
     return record
@@ -102,7 +107,7 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
 
 def stage_code_versions() -> dict[str, str]:
     """Every stage's cache name -> its current code version ('verify' stands for every 'verify <backend>')."""
-    from rlopt.compile.frontend import FRONTEND_TO_PADDING
+    from rlopt.stages.frontend import FRONTEND_TO_PADDING
 
     classes = [*FRONTEND, *FRONTEND_TO_PADDING, TritonRepository, VerifyBackend, ChooseAuto,
                *(load_stage(path) for backend in BACKENDS.values() for path in backend.stages)]
@@ -111,11 +116,12 @@ def stage_code_versions() -> dict[str, str]:
 
 def entry_is_current(stage: str, components: dict[str, Any], versions: dict[str, str] | None = None) -> bool:
     """A cache entry made by this rlopt's stage code and these tool versions (else `rlopt cache prune` removes it)."""
-    from rlopt.compile.engine import CACHE_VERSIONS
+    from rlopt.backends import stage_versions
 
     versions = versions if versions is not None else stage_code_versions()
     name = "verify" if stage.startswith("verify ") else stage
-    return components.get("versions") == CACHE_VERSIONS and components.get("code") == versions.get(name)
+    current = stage_versions(components.get("backend"))
+    return components.get("versions") == current and components.get("code") == versions.get(name)
 
 
 __all__ = ["TritonRepository", "backend_stages", "compile_network", "entry_is_current", "stage_code_versions"]

@@ -48,7 +48,7 @@ def session_calls(runner: Runner, name: str, record: NetworkRecord, reference: R
                               if label != OTHER}
     if OTHER in labels:
         feeds = reference.feeds(labels[OTHER], 0)
-        variant = unbucketed_variant(record.artifacts[name].facts)
+        variant = unbucketed_variant(name, record.artifacts[name].facts)
         infer = {**runner.parity_variants(), **runner.gated_variants()}.get(variant) if variant else None
         calls[OTHER] = (lambda: infer(feeds)) if infer is not None else (lambda: session.run(feeds))
     return calls
@@ -82,9 +82,8 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
     mixed configuration, calls switch backends as a mixed session's do). A block is the bench protocol's: after
     GAP_S idle, one untimed call and up to BURST_CALLS timed ones (`estimates_us[backend][shape]` cuts a slow
-    call's block to CELL_BUDGET_S; default: one timed call per cell). Blocks of 5 ms back to back, as before,
-    timed a warm loop the bench never runs: ONNX Runtime's pool read 1.16-1.27x one thread at sb3-ppo-cartpole's
-    64x4 and 256x4 there, against 0.86-1.03x in `rlopt bench` minutes later, and 0.79-1.10x in these blocks."""
+    call's block to CELL_BUDGET_S; default: one timed call per cell). The idle gap is why: calls back to back time a
+    warm loop the bench never runs, and flatter a thread pool whose workers are still spinning from the last call."""
     rng = random.Random(seed)
     counts: dict[tuple[str, tuple[str, str]], int] = {}
     for config, cells in configurations.items():

@@ -8,6 +8,7 @@ from typing import Any
 
 from rlopt.errors import UsageError, located
 from rlopt.recipe import Recipe
+from rlopt.stages.frontend import FactorySource, ModelSource
 
 
 @dataclass
@@ -36,6 +37,13 @@ class Sb3Source:
         self.agent = load_agent(zip_path, vecnormalize=stats, env=rollout.env if rollout else None)
         facts = {"sb3": spec.sb3, "algorithm": self.agent.algorithm, "vecnormalize": spec.vecnormalize}
         return agent_model(self.agent), facts
+
+
+def model_source(recipe: Recipe, recipe_path: Path) -> ModelSource:
+    """The source a recipe's `model` section names: a factory, or an SB3 agent zip."""
+    if recipe.model.sb3 is not None:
+        return Sb3Source(recipe, recipe_path)
+    return FactorySource(recipe, recipe_path)
 
 
 def stored_recipe(recipe: Recipe, recipe_path: Path, model_dir: Path) -> Recipe:
@@ -85,9 +93,8 @@ def rollout_failures(source: Sb3Source, recipe: Recipe, staging: Path, record: A
         if not report.passed:
             failures.append(f"actor/{backend}: rollout: {report.disagreed} of {report.steps} actions differ "
                             f"from predict")
-    record.facts["rollout"] = reports
-    record.facts["rollout_reference"] = rollout_reference(staging / "actor" / "reference.npz", names[0],
-                                                          rollout.steps)
+    record.facts = record.facts.updated(rollout=reports, rollout_reference=rollout_reference(
+        staging / "actor" / "reference.npz", names[0], rollout.steps))
     return failures
 
 
@@ -116,7 +123,7 @@ def rollout_feeds(source: Sb3Source, recipe: Recipe, module: Any, names: list[st
     import numpy as np
     import torch
 
-    from rlopt.backends.base import flatten_outputs
+    from rlopt.arrays import flatten_outputs
     from rlopt.reference import evenly_spaced
     from rlopt.sb3 import rollout_check
 
@@ -135,35 +142,4 @@ def rollout_feeds(source: Sb3Source, recipe: Recipe, module: Any, names: list[st
     return {n: report.inputs[n][index][:, None] for n in names} if count else {}
 
 
-def add_rollout_point(reference: Any, module: Any, feeds: dict[str, Any]) -> None:
-    """Point `rollout` of reference.npz: the visited inputs and the eager module's outputs for each, as many as
-    fit under REFERENCE_BYTES beside the random samples (evenly spaced along the rollout)."""
-    import numpy as np
-    import torch
-
-    from rlopt.backends.base import flatten_outputs
-    from rlopt.reference import evenly_spaced, room_for
-
-    if not feeds:
-        return
-    names, per_output = reference.input_names, {n: [] for n in reference.output_names}
-    count = len(feeds[names[0]])
-    with torch.inference_mode():
-        first = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][0])) for n in names]))
-    sample_bytes = sum(int(feeds[n][0].nbytes) for n in names) + sum(int(v.numpy().nbytes) for v in first)
-    index = evenly_spaced(count, room_for(reference.arrays, sample_bytes))
-    if not len(index):
-        return
-    feeds = {n: feeds[n][index] for n in names}
-    for i in range(len(index)):
-        with torch.inference_mode():
-            result = flatten_outputs(module(*[torch.from_numpy(np.ascontiguousarray(feeds[n][i])) for n in names]))
-        for name, value in zip(reference.output_names, result):
-            per_output[name].append(value.detach().numpy().copy())
-    for name in names:
-        reference.arrays[f"rollout:in:{name}"] = np.ascontiguousarray(feeds[name])
-    for name, values in per_output.items():
-        reference.arrays[f"rollout:out:{name}"] = np.stack(values)
-
-
-__all__ = ["ROLLOUT_SAMPLES", "Sb3Source", "add_rollout_point", "rollout_failures", "rollout_feeds", "stored_recipe"]
+__all__ = ["ROLLOUT_SAMPLES", "Sb3Source", "model_source", "rollout_failures", "rollout_feeds", "stored_recipe"]

@@ -1,7 +1,8 @@
 """MODEL_DIR/triton: a Triton Inference Server model repository for every built backend Triton serves.
 
-`triton/<name>_<network>_<backend>/config.pbtxt` + `1/model.{onnx,pt,plan}`. Every shape in a
-config comes from the TensorRTPlan's profile objects (rlopt.backends.tensorrt.plan), the same ones the
+`triton/<name>_<network>_<backend>/config.pbtxt` + `1/<its file>` (each backend's `Backend.triton`: platform or
+Triton backend, file name, and rules for what its Triton backend needs beyond this generic config). Every shape in a
+config comes from the network's profile objects (rlopt.stages.profiles), the same ones a TensorRT
 engine is built with: `max_batch_size` is profile 0's batch max (only when dim 0 of every input
 is one shared dynamic batch dim starting at 1, so Triton never sends a batch outside the
 profile), dims are -1 exactly where the profile is dynamic, dynamic batching prefers the
@@ -21,20 +22,17 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends import BACKENDS
-from rlopt.backends.tensorrt.plan import Batching, TensorRTPlan
+from rlopt.backends.capability import TritonModel
+from rlopt.pbtxt import Enum, to_pbtxt
+from rlopt.stages.profiles import Batching, ShapeProfiles
 
-# backend -> (platform, file name in the version folder)
-PLATFORMS: dict[str, tuple[str, str]] = {name: b.triton_platform for name, b in BACKENDS.items()
-                                         if b.triton_platform is not None}
+# backend -> how Triton serves it
+SERVED: dict[str, TritonModel] = {name: b.triton for name, b in BACKENDS.items() if b.triton is not None}
 TRITON_DTYPES: dict[str, str] = {
     "float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
     "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL", "float64": "TYPE_FP64", "int8": "TYPE_INT8",
 }
 POINTS = ("min", "opt", "max")
-
-
-class Enum(str):
-    """A protobuf enum value: written without quotes."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ def output_shapes(arrays: dict[str, np.ndarray], output_names: list[str]) -> lis
     return found
 
 
-def batching_for(plan: TensorRTPlan, outputs: list[OutputShapes]) -> Batching:
+def batching_for(plan: ShapeProfiles, outputs: list[OutputShapes]) -> Batching:
     """The plan's batching, kept only if every output's dim 0 is the batch at every profile point."""
     batching = plan.batching()
     if not batching.enabled:
@@ -74,26 +72,21 @@ def batching_for(plan: TensorRTPlan, outputs: list[OutputShapes]) -> Batching:
     return batching
 
 
-def tensor_names(backend: str, inputs: list[str], outputs: list[str]) -> tuple[list[str], list[str]]:
-    """Triton's PyTorch backend finds tensors by `<name>__<index>`; the other backends by graph name."""
-    if backend == "torchscript":
-        return [f"{n}__{i}" for i, n in enumerate(inputs)], [f"{n}__{i}" for i, n in enumerate(outputs)]
-    return list(inputs), list(outputs)
-
-
-def model_config(model_name: str, backend: str, plan: TensorRTPlan, outputs: list[OutputShapes],
+def model_config(model_name: str, backend: str, plan: ShapeProfiles, outputs: list[OutputShapes],
                  input_dtypes: dict[str, str]) -> dict[str, Any]:
-    """The ModelConfig as a nested dict (field -> value), derived only from the plan and the output shapes."""
-    platform, filename = PLATFORMS[backend]
+    """The ModelConfig as a nested dict (field -> value), derived only from the profiles and the output shapes,
+    then given to the backend's Triton rules (`TritonModel.rules`)."""
+    served = SERVED[backend]
     batching = batching_for(plan, outputs)
     envelope = plan.envelope
     skip = 1 if batching.enabled else 0
-    in_names, out_names = tensor_names(backend, envelope.names, [o.name for o in outputs])
+    in_names, out_names = list(envelope.names), [o.name for o in outputs]
+    kind = {"backend": served.backend} if served.backend else {"platform": served.platform}
     config: dict[str, Any] = {
         "name": model_name,
-        "platform": platform,
+        **kind,
         "max_batch_size": batching.max_batch_size,
-        "default_model_filename": filename,
+        "default_model_filename": served.filename,
         "input": [{"name": triton_name, "data_type": Enum(TRITON_DTYPES[input_dtypes[name]]),
                    "dims": [-1 if envelope[name].dynamic(a) else envelope[name].min[a]
                             for a in range(skip, len(envelope[name].min))]}
@@ -104,9 +97,6 @@ def model_config(model_name: str, backend: str, plan: TensorRTPlan, outputs: lis
     if batching.enabled:
         config["dynamic_batching"] = {"preferred_batch_size": list(batching.preferred),
                                       "max_queue_delay_microseconds": 100}
-    if backend == "tensorrt":
-        config["instance_group"] = [{"kind": Enum("KIND_GPU"), "count": 1,
-                                     "profile": [str(i) for i in range(len(plan.profiles))]}]
     warmups = []
     for point in POINTS:
         shapes = {name: envelope[name].point(point) for name in envelope.names}
@@ -120,41 +110,13 @@ def model_config(model_name: str, backend: str, plan: TensorRTPlan, outputs: lis
                        for triton_name, name in zip(in_names, envelope.names)],
         })
     config["model_warmup"] = warmups
-    rules = BACKENDS[backend].triton_rules()
-    return rules(config) if rules else config
+    rules = served.rules_function()
+    return rules(config, plan) if rules is not None else config
 
 
 def _same_as_earlier(shapes: dict[str, tuple[int, ...]], envelope: Any, point: str) -> bool:
     earlier = POINTS[:POINTS.index(point)]
     return any(all(envelope[n].point(p) == shapes[n] for n in shapes) for p in earlier)
-
-
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Enum):
-        return str(value)
-    if isinstance(value, (int, float)):
-        return repr(value)
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
-
-
-def to_pbtxt(message: dict[str, Any], indent: int = 0) -> str:
-    """Protobuf text format for a nested dict: dicts are messages, lists of dicts repeated messages."""
-    pad = "  " * indent
-    lines = []
-    for key, value in message.items():
-        if isinstance(value, dict):
-            lines.append(f"{pad}{key} {{\n{to_pbtxt(value, indent + 1)}{pad}}}")
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            body = ",\n".join(f"{pad}  {{\n{to_pbtxt(v, indent + 2)}{pad}  }}" for v in value)
-            lines.append(f"{pad}{key} [\n{body}\n{pad}]")
-        elif isinstance(value, list):
-            lines.append(f"{pad}{key}: [ {', '.join(_scalar(v) for v in value)} ]")
-        else:
-            lines.append(f"{pad}{key}: {_scalar(value)}")
-    return "".join(line + "\n" for line in lines)
 
 
 def model_name(recipe_name: str, network: str, backend: str) -> str:
@@ -170,27 +132,31 @@ def _place(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def write_models(root: Path, recipe_name: str, network: str, artifacts: dict[str, Path], plan: TensorRTPlan,
+def write_models(root: Path, recipe_name: str, network: str, artifacts: dict[str, Path], plan: ShapeProfiles,
                  outputs: list[OutputShapes], input_dtypes: dict[str, str],
                  companions: dict[str, list[Path]] | None = None) -> list[Path]:
     """Write one Triton model per servable backend in `artifacts` under `root` (MODEL_DIR/triton); returns the files.
 
-    `companions`: per backend, the files that travel with its artifact (a weights file), placed beside it."""
+    `companions`: per backend, the files that travel with its artifact (e.g. a weights file), placed beside it under
+    their own names."""
     written: list[Path] = []
     for backend, artifact in artifacts.items():
-        if backend not in PLATFORMS:
+        if backend not in SERVED:
             continue
-        name = model_name(recipe_name, network, backend)
+        served, name = SERVED[backend], model_name(recipe_name, network, backend)
         folder = root / name
         config = model_config(name, backend, plan, outputs, input_dtypes)
         header = f"# Generated by rlopt from the {network} network's optimization profiles; do not edit.\n"
-        if backend == "torchscript":
-            header += ("# Triton's PyTorch backend matches tensors by position: <name>__<index>.\n")
+        header += f"# {served.note}\n" if served.note else ""
         (folder / "1").mkdir(parents=True, exist_ok=True)
         (folder / "config.pbtxt").write_text(header + to_pbtxt(config), encoding="utf-8")
-        _place(artifact, folder / "1" / PLATFORMS[backend][1])
-        written += [folder / "config.pbtxt", folder / "1" / PLATFORMS[backend][1]]
-        for companion in (companions or {}).get(backend, []):
-            _place(companion, folder / "1" / companion.name)
-            written.append(folder / "1" / companion.name)
+        placed = [(artifact, folder / "1" / served.filename)]
+        placed += [(companion, folder / "1" / companion.name) for companion in (companions or {}).get(backend, [])]
+        for source, target in placed:
+            _place(source, target)
+        written += [folder / "config.pbtxt", *(target for _, target in placed)]
     return written
+
+
+__all__ = ["POINTS", "SERVED", "TRITON_DTYPES", "Enum", "OutputShapes", "batching_for", "model_config", "model_name",
+           "output_shapes", "to_pbtxt", "write_models"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlopt.errors import UsageError, located
+from rlopt.facts import ModelSourceFacts
 from rlopt.recipe import ModelSpec, Recipe
 
 
@@ -47,16 +48,16 @@ def check_state(expected: dict[str, Any], state: dict[str, Any], checkpoint: Pat
                                  fix))
 
 
-def factory_model(source: dict[str, Any], checkpoint: Path, model_dir: Path) -> Any:
+def factory_model(source: ModelSourceFacts, checkpoint: Path, model_dir: Path) -> Any:
     """The eager model from the recorded factory, with the checkpoint's weights (strict)."""
-    from rlopt.stages.load_model import build_model, load_state_dict
+    from rlopt.user_model import build_model, load_state_dict
 
     if checkpoint.suffix.lower() == ".zip":
         raise UsageError(located(checkpoint, "--checkpoint", "an agent zip refits only a MODEL_DIR compiled from one",
                                  "give a state_dict (.pt or .safetensors) of the recipe's model"))
     if not checkpoint.is_file():
         raise UsageError(located(checkpoint, "--checkpoint", "not found", "give the path of the new state_dict"))
-    spec = ModelSpec(factory=source["factory"], kwargs=source.get("kwargs", {}), seed=source.get("seed", 0))
+    spec = ModelSpec(factory=source.factory, kwargs=source.kwargs or {}, seed=source.seed or 0)
     model, _ = build_model(spec, model_dir / "recipe.yaml")
     state = load_state_dict(checkpoint, checkpoint)
     check_state(model.state_dict(), state, checkpoint, "model")

@@ -70,12 +70,12 @@ def stage_copy(model_dir: Path, staging: Path, manifest: Manifest) -> None:
 def refusal(manifest: Manifest) -> tuple[str, str] | None:
     """(field, reason) for the first artifact refit cannot rewrite, or None."""
     from rlopt.backends import BACKENDS
-    from rlopt.refit.weight_map import map_problem
+    from rlopt.stages.weight_map import map_problem
 
     for name, network in manifest.networks.items():
-        if "model_source" not in network.facts:
+        if network.facts.model_source is None:
             return f"networks.{name}.facts", "it records no model source (built by an older rlopt)"
-        problem = map_problem(network.facts.get("onnx", {}).get("weight_map"))
+        problem = map_problem(network.facts.onnx.weight_map if network.facts.onnx is not None else None)
         if problem is not None:
             return f"networks.{name}", problem
         for backend, record in network.artifacts.items():
@@ -170,12 +170,13 @@ def _new_model(manifest: Manifest, recipe: Recipe, model_dir: Path, checkpoint: 
                vecnormalize: Path | str | None) -> tuple[Any, Recipe]:
     from rlopt.refit.checkpoint import agent_model, factory_model
 
-    source = next(iter(manifest.networks.values())).facts["model_source"]
+    source = next(iter(manifest.networks.values())).facts.model_source
     if recipe.model.sb3 is not None:
         return agent_model(recipe, checkpoint, Path(vecnormalize) if vecnormalize else None)
     if vecnormalize is not None:
         raise UsageError(located(model_dir, "--vecnormalize", "goes only with a MODEL_DIR compiled from an SB3 zip",
                                  "leave it out"))
+    assert source is not None  # refusal() checked every network records one
     return factory_model(source, checkpoint, model_dir), recipe
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from rlopt.errors import BackendUnavailable, UsageError, located
 from rlopt.lazy import require
+from rlopt.facts import ArtifactFacts, NetworkFacts, ScriptFacts
 from rlopt.manifest import BackendRecord, FileRecord, NetworkRecord, file_record
 from rlopt.recipe import Recipe
 from rlopt.reference import Reference
@@ -42,16 +43,16 @@ class Hashes:
         return record
 
 
-def repad(folder: Path, facts: dict[str, Any], recipe: Recipe) -> Path:
+def repad(folder: Path, facts: NetworkFacts, recipe: Recipe) -> Path:
     """model.padded.onnx rebuilt from the refitted model.onnx with the recorded multiple; the padded dims must
     come out as recorded (the padding plan depends on the graph only)."""
     from rlopt.stages.pad_gemm import pad_model
 
     onnx = require("onnx")
-    recorded = facts.get("pad_gemm") or {}
+    recorded = facts.pad_gemm
     model = onnx.load(str(folder / "model.onnx"))
-    report = pad_model(model, int(recorded["multiple"]), pad_outputs=recipe.pad_gemm_outputs)
-    if report.facts()["padded"] != recorded.get("padded"):
+    report = pad_model(model, int(recorded.multiple or 0) if recorded else 0, pad_outputs=recipe.pad_gemm_outputs)
+    if recorded is None or report.facts()["padded"] != recorded.padded:
         raise UsageError(located(folder / "model.padded.onnx", "pad_gemm", "re-padding the refitted graph gave other "
                                  "padded dims than the compile recorded", "recompile the MODEL_DIR"))
     path = folder / "model.padded.onnx"
@@ -64,7 +65,7 @@ def _state(module: Any) -> dict[str, np.ndarray]:
 
 
 def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, onnx_path: Path, padded: Path | None,
-                state: dict[str, np.ndarray]) -> dict[str, Any]:
+                state: dict[str, np.ndarray]) -> ArtifactFacts:
     from rlopt.backends import BACKENDS, facts_of
     from rlopt.backends.base import RefitInputs
 
@@ -72,26 +73,27 @@ def _hook_facts(backend: str, name: str, folder: Path, record: BackendRecord, on
     assert hook is not None and record.path is not None  # refusal() checked every built artifact has one
     artifact = Path(record.path).relative_to(name).as_posix()
     try:
-        return dict(hook(RefitInputs(folder, artifact, facts_of(backend, record.facts), onnx_path, padded, state)))
+        return facts_of(backend, hook(RefitInputs(folder, artifact, record.facts, onnx_path, padded, state)))
     except BackendUnavailable as exc:
         raise UsageError(located(folder / artifact, f"networks.{name}.artifacts.{backend}",
                                  f"cannot be refitted on this machine ({exc})",
                                  "refit where the backend runs, or recompile without it")) from None
 
 
-def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, Any], reference: Reference,
+def gate(staging: Path, backend: str, record: BackendRecord, facts: ArtifactFacts, reference: Reference,
          recipe: Recipe, spec: Any, subject: str, hashes: Hashes, *,
-         runner_facts: dict[str, Any] | None = None) -> tuple[BackendRecord, str | None]:
+         runner_facts: ArtifactFacts | None = None) -> tuple[BackendRecord, str | None]:
     """The refitted artifact through the parity gate compile uses (rlopt.verify.gate_runner); latency is carried
     over from the old MODEL_DIR (same graph, same code). `runner_facts` (default `facts`) open the runner: refit's
     side-by-side gates open it on one thread (`Backend.one_thread`; the thread count changes no number, see
     docs/refit.md)."""
     from rlopt.backends import open_runner
-    from rlopt.compile.gpu_path import tolerance_for
     from rlopt.verify import gate_runner
 
     assert record.path is not None
-    tol = tolerance_for(facts, recipe.verify)
+    tol, parity_gate = recipe.verify.gate_for(facts.precision_built)
+    if parity_gate is not None:
+        facts = facts.updated(parity_gate=parity_gate)
     path = staging / record.path
     current = hashes.record(path)
     new = record.model_copy(update={"sha256": current.sha256, "bytes": current.bytes, "facts": facts})
@@ -102,8 +104,7 @@ def gate(staging: Path, backend: str, record: BackendRecord, facts: dict[str, An
     finally:
         runner.close()
     new.parity = result.parity
-    if result.variant_parity:
-        new.facts.setdefault("variant_parity", {}).update(result.variant_parity)
+    new.facts = new.facts.with_verdicts(result.variant_parity)
     return new, result.failure(subject)
 
 
@@ -135,9 +136,9 @@ class NetworkRefit:
 
     def start(self) -> None:
         from rlopt.refit.checkpoint import check_state
-        from rlopt.refit.weight_map import apply_weight_map
+        from rlopt.stages.weight_map import apply_weight_map
         from rlopt.reference import rerecord_reference
-        from rlopt.stages.load_model import submodule
+        from rlopt.user_model import submodule
 
         torch = require("torch")
         spec, name = self.recipe.networks[self.name], self.name
@@ -153,7 +154,8 @@ class NetworkRefit:
         self._saved = self._writer.submit(_save_reference, self.reference, self.folder / "reference.npz",
                                           self.staging)
         self.state = _state(self.module)
-        apply_weight_map(self.folder / "model.onnx", self.old.facts["onnx"]["weight_map"], self.state)
+        assert self.old.facts.onnx is not None and self.old.facts.onnx.weight_map is not None  # refusal() checked
+        apply_weight_map(self.folder / "model.onnx", self.old.facts.onnx.weight_map, self.state)
         self.padded = repad(self.folder, self.old.facts, self.recipe) if "model.padded.onnx" in self.old.files \
             else None
 
@@ -199,7 +201,8 @@ class NetworkRefit:
         new = old.model_copy(deep=True, update={"artifacts": {b: self.artifacts[b] for b in old.artifacts}})
         new.files = {key: _file_entry(self.hashes, self.staging, record.path, copies.get(record.path))
                      for key, record in old.files.items()}
-        new.facts["script"] = {**old.facts.get("script", {}), "weights_sha256": weights_sha256(self.module)}
+        script = new.facts.script or ScriptFacts()
+        new.facts = new.facts.updated(script=script.updated(weights_sha256=weights_sha256(self.module)))
         new.reference = self._saved.result()
         if spec.kind == "policy":
             new.drift = reference_drift(self.old_reference, self.reference, spec.distribution)
@@ -220,12 +223,12 @@ def _save_reference(reference: Reference, path: Path, staging: Path) -> FileReco
 
 def copies_of(old: NetworkRecord) -> dict[str, str]:
     """{copy: source} for the files that are byte copies of another file, artifact or artifact's companion file of the
-    network (Triton's model.pt / model.onnx / model.plan and the files beside them), found by the sha256 the old
-    manifest recorded for both."""
+    network (Triton's model.pt / model.onnx / model.plan and the files placed beside them), found by the sha256 the
+    old manifest recorded for both."""
     from rlopt.backends import facts_of
 
     companions = [ref for backend, record in old.artifacts.items() if record.built
-                  for ref in facts_of(backend, record.facts).companion_files()]  # a weights file Triton copies
+                  for ref in facts_of(backend, record.facts).companion_files()]
     before = {record.sha256: record.path for record in [*old.files.values(), *old.artifacts.values(), *companions]
               if record.path and not record.path.startswith("triton/")}
     return {record.path: before[record.sha256] for record in old.files.values()

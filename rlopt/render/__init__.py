@@ -98,8 +98,8 @@ def summary_table(manifest: Manifest, title: str = "") -> Table:
                 continue
             cells = [f"{_fmt_us(lat.p50)} / {_fmt_us(lat.p99)}" if (lat := record.latency_us.get(p)) else "-"
                      for p in points]
-            parity = (f"[yellow]not verified[/]: {record.facts['not_verified']}"
-                      if record.facts.get("verified") is False else parity_text(record.parity))
+            parity = (f"[yellow]not verified[/]: {record.facts.not_verified}"
+                      if record.facts.verified is False else parity_text(record.parity))
             table.add_row(name, label, record.path or "-", parity, *cells)
     table.caption = ("* = selected (what `auto` runs at the opt shape; it may mix backends, see rlopt inspect); "
                      "latency is a short measurement, see rlopt bench")

@@ -12,7 +12,6 @@ from rlopt.facts import ArtifactFacts
 from rlopt.manifest import (
     MANIFEST_NAME,
     BackendRecord,
-    FileRecord,
     Manifest,
     NetworkRecord,
     checked_file,
@@ -57,7 +56,7 @@ def resolve_backend(manifest: Manifest, model_dir: Path, network: str, backend: 
     if artifact.skipped:
         raise ArtifactError(located(model_dir / MANIFEST_NAME, where, f"skipped at compile time: {artifact.skipped}",
                                     "use another backend or auto"))
-    facts = facts_of(backend, artifact.facts)
+    facts = artifact.facts
     if facts.verified is False:
         raise ArtifactError(located(model_dir / MANIFEST_NAME, where, f"built but never verified: {facts.not_verified}",
                                     "recompile MODEL_DIR on a machine that can run it"))
@@ -71,14 +70,14 @@ def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_
                   facts: ArtifactFacts | None = None) -> Runner:
     """Open a backend's artifact after its sha256 matches; native code is loaded from a checked private copy.
 
-    `facts` (default: the artifact's own) lets the caller adjust how it runs (a mixed `auto` route turns ONNX
-    Runtime's spinning off, as compile measured it); the files checked are always the ones the manifest lists.
+    `facts` (default: the artifact's own) lets the caller adjust how it runs (an `auto` route's options, as compile
+    measured them); the files checked are always the ones the manifest lists.
     """
     typed = facts_of(backend, artifact.facts if facts is None else facts)
     if BACKENDS[backend].native:
         with tempfile.TemporaryDirectory(prefix="rlopt-load-") as private:
             for extra in typed.companion_files():  # TVM's per-shape libraries travel with the main one
-                checked_private_copy(model_dir, FileRecord.model_validate(extra.as_dict()), Path(private))
+                checked_private_copy(model_dir, extra, Path(private))
             return open_runner(backend, checked_private_copy(model_dir, artifact, Path(private)), input_names, typed)
     return open_runner(backend, checked_file(model_dir, artifact), input_names, typed)
 
@@ -97,13 +96,8 @@ def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
     usable, failed = usable_backends(manifest, model_dir, network), []
     while True:
         plan = recorded_plan(record, usable)
-        ort: dict[str, object] = {"allow_spinning": plan.onnxruntime_spinning, "adaptive_threads": True}
-        if plan.onnxruntime_threads:
-            ort["intra_op_threads"] = plan.onnxruntime_threads
-        if plan.onnxruntime_shape_threads:
-            ort["shape_threads"] = plan.onnxruntime_shape_threads
         try:
-            return _open(model_dir, network, record, plan.routes, plan.fallback, ort, backend)
+            return _open(model_dir, network, record, plan.routes, plan.fallback, plan.options, backend)
         except _CannotStart as exc:
             usable = [name for name in usable if name != exc.backend]
             failed.append(f"{exc.backend}: {exc.reason}")
@@ -120,17 +114,16 @@ class _CannotStart(Exception):
 
 
 def _open(model_dir: Path, network: str, record: NetworkRecord, routes: dict[Any, str], fallback: str,
-          ort: dict[str, object], backend: str) -> Session:
-    """Open the runners a route needs; under `auto`, one that cannot start raises _CannotStart (the others closed)."""
+          options: dict[str, dict[str, Any]], backend: str) -> Session:
+    """Open the runners a route needs, each with the facts its route opens it with (`options` over its artifact's);
+    under `auto`, one that cannot start raises _CannotStart (the others closed)."""
     runners: dict[str, Runner] = {}
     opened = list(dict.fromkeys([fallback, *routes.values()]))
     import_before_torch(opened)
     try:
         for name in opened:
             artifact = record.artifacts[name]
-            facts = facts_of(name, artifact.facts)
-            if name == "onnxruntime" and ort:
-                facts = facts.model_copy(update=ort)
+            facts = artifact.facts.updated(**options[name]) if name in options else artifact.facts
             try:
                 runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
             except BackendUnavailable as exc:

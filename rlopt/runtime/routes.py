@@ -1,8 +1,8 @@
-"""`auto`: which verified backend serves which shape, and how ONNX Runtime's pool runs.
+"""`auto`: which verified backend serves which shape, and the facts each backend of the route opens with.
 
 Compile chooses (`choose_route`, from latencies measured in each configuration a session can run) and records
-the choice in the manifest; `recorded_plan` reads it back at load time and never re-chooses (reads only the
-manifest).
+the choice in the manifest (`facts.route`, a RoutePlan); `recorded_plan` reads it back at load time and never
+re-chooses (reads only the manifest).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.backends.tvm.facts import TvmFacts
-from rlopt.backends.tvm.padding import padding_plan
-from rlopt.facts import ArtifactFacts, NetworkFacts
+from rlopt.arrays import ShapeKey, parse_label
+from rlopt.backends import facts_of
+from rlopt.facts import OTHER, ArtifactFacts
 from rlopt.manifest import BackendRecord, NetworkRecord
-from rlopt.runtime.session import ShapeKey
 
-OTHER = "other"  # the pseudo-shape for every shape without a named point of its own
 NOISE = 0.05  # a mixed route may be this much slower than the best single backend at a shape (timing noise)
 GAIN = 0.10  # ...and must be at least this much faster at some shape to be worth a second backend
 
@@ -38,22 +36,17 @@ def ranked_backends(record: NetworkRecord) -> list[str]:
     return verified
 
 
-def unbucketed_variant(facts: ArtifactFacts | Mapping[str, Any]) -> str | None:
-    """The path of an artifact with per-shape builds (TVM) that serves every other shape: 'padded' once the parity
-    gate passed it and every shape in [min, max] pads into some build, else 'dynamic'; None without such builds."""
-    typed = TvmFacts.of(facts)
-    builds = typed.shape_builds
-    if not builds:
-        return None
-    plan = padding_plan(builds, list(builds[0].shapes))
-    return "padded" if typed.gate_passed("padded") and plan is not None and plan.covers_range else "dynamic"
+def unbucketed_variant(backend: str, facts: ArtifactFacts | Mapping[str, Any]) -> str | None:
+    """The code path of `backend`'s artifact that serves shapes without a build of their own (its facts'
+    `serving_variant`: TVM's 'padded' or 'dynamic'); None where the artifact itself serves every shape."""
+    return facts_of(backend, facts).serving_variant()
 
 
-def unbucketed_p50(artifact: BackendRecord) -> float:
+def unbucketed_p50(backend: str, artifact: BackendRecord) -> float:
     """Latency at the opt shape, measured alone, through the code path that serves shapes without their own build
-    (TVM's padded or dynamic library, `facts.variant_latency_us`; unmeasured = inf)."""
-    facts = TvmFacts.of(artifact.facts)
-    variant = unbucketed_variant(facts)
+    (`facts.variant_latency_us` of that path; unmeasured = inf), else the artifact's own."""
+    facts = facts_of(backend, artifact.facts)
+    variant = facts.serving_variant()
     if variant is not None:
         value = facts.variant_latency_us.get(variant, {}).get("opt")
         return float(value) if value else float("inf")
@@ -74,12 +67,6 @@ class RouteChoice:
     single: str
     compared: dict[str, float] = field(default_factory=dict)  # point -> mixed / single latency ratio
 
-    @property
-    def onnxruntime_spinning(self) -> bool:
-        """ONNX Runtime's pool spins only when it is the session's one backend: spinning, it starves another
-        backend's threads, and that is how the mixed route was measured."""
-        return not self.mixed
-
 
 def _geomean(values: list[float]) -> float:
     return float(np.exp(np.mean(np.log(np.maximum(values, 1e-9)))))
@@ -91,17 +78,15 @@ def _single_candidates(alone: Table, points: list[str], order: list[str]) -> lis
     return sorted(serving, key=lambda b: (_geomean([alone[b][p] for p in points]), order.index(b)))
 
 
-RECONFIGURED = frozenset({"onnxruntime"})  # backends a mixed session configures differently (ORT: no spinning)
-
-
 def choose_route(alone: Table, together: Table | None, points: list[str], order: list[str],
-                 unmeasured: str = "", reconfigured: frozenset[str] = RECONFIGURED) -> RouteChoice:
+                 unmeasured: str = "", reconfigured: frozenset[str] = frozenset()) -> RouteChoice:
     """The route `auto` runs, from latencies measured in the configurations a session can run.
 
     `alone[b]`: every point on backend b, its pools configured for running alone (ONNX Runtime spinning);
-    `together[b]`: b's latency with every candidate loaded in one process, pools as a mixed session configures
-    them (ONNX Runtime not spinning), points interleaved; None when that could not be measured (`unmeasured` says
-    why). A point missing from a backend's table is one it does not serve. `order`: the candidates, best first.
+    `together[b]`: b's latency with every candidate loaded in one process, each configured as a mixed route opens it
+    (`reconfigured`: the backends that open otherwise there, `Backend.mixed_options`), points interleaved; None when
+    that could not be measured (`unmeasured` says why). A point missing from a backend's table is one it does not
+    serve. `order`: the candidates, best first.
 
     The mixed route puts each point on its fastest backend in the mix, where a backend that runs the same way in
     both configurations (not in `reconfigured`) counts its slower figure of the two: one lucky timing must not win
@@ -148,43 +133,35 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
                        ratios)
 
 
-def parse_label(label: str) -> ShapeKey:
-    """`shape_label`'s inverse: '2x3x32' (inputs joined by '-') -> ((2, 3, 32),)."""
-    return tuple(tuple(int(d) for d in part.split("x")) if part else () for part in label.split("-"))
-
-
 @dataclass(frozen=True)
 class AutoPlan:
-    """What `auto` loads: a backend per named shape, one for every other shape, and whether ONNX Runtime spins."""
+    """What `auto` loads: a backend per named shape, one for every other shape, and the facts each backend of the
+    route opens with over its artifact's (`RoutePlan.options`)."""
 
     routes: dict[ShapeKey, str]
     fallback: str
-    onnxruntime_spinning: bool
     why: str = ""
-    onnxruntime_threads: int | None = None
-    onnxruntime_shape_threads: dict[str, int] = field(default_factory=dict)
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def recorded_plan(record: NetworkRecord, usable: list[str]) -> AutoPlan:
-    """The configuration compile measured and chose (`facts.auto_routes`, `auto_onnxruntime_spinning`, `_threads`,
-    `_shape_threads`).
+    """The route compile measured and chose (`facts.route`).
 
     When the manifest records no route, or names a backend that cannot run here (`usable`: verified and runnable,
-    best first), every shape goes to the best usable backend on its own: a mix was never measured on this machine.
+    best first), every shape goes to the best usable backend on its own, as built: a mix was never measured on this
+    machine.
     """
-    facts = NetworkFacts.of(record.facts)
-    table = dict(facts.auto_routes)
+    route = record.facts.route
+    table = dict(route.routes) if route is not None else {}
     fallback = table.pop(OTHER, None)
     needed = {fallback, *table.values()}
-    if fallback is None or not needed <= set(usable):
+    if route is None or fallback is None or not needed <= set(usable):
         lost = sorted(str(b) for b in needed - set(usable)) if fallback is not None else []
         why = f"recorded route needs {', '.join(lost)}, which cannot run here" if lost else "no recorded route"
-        return AutoPlan({}, usable[0], True, f"{usable[0]} alone: {why}")
+        return AutoPlan({}, usable[0], f"{usable[0]} alone: {why}")
     routes = {parse_label(label): name for label, name in table.items()}
-    spinning = facts.auto_onnxruntime_spinning
-    return AutoPlan(routes, fallback, bool(spinning) if spinning is not None else len(needed) == 1, "recorded",
-                    facts.auto_onnxruntime_threads, dict(facts.auto_onnxruntime_shape_threads))
+    return AutoPlan(routes, fallback, "recorded", {b: dict(o) for b, o in route.options.items() if b in needed})
 
 
-__all__ = ["GAIN", "NOISE", "OTHER", "RECONFIGURED", "AutoPlan", "RouteChoice", "choose_route", "parse_label", "ranked_backends",
+__all__ = ["GAIN", "NOISE", "OTHER", "AutoPlan", "RouteChoice", "choose_route", "parse_label", "ranked_backends",
            "recorded_plan", "unbucketed_p50", "unbucketed_variant"]

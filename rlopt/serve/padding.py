@@ -70,10 +70,11 @@ def padding_plan(record: NetworkRecord | None, routes: dict[str, str]) -> Paddin
             continue
         dims = tuple(s[1:] for s in shapes)
         named.setdefault(dims, {})[shapes[0][0]] = latency.p50
-    fallback = record.artifacts.get(routes.get(OTHER, ""))
+    fallback_backend = routes.get(OTHER, "")
+    fallback = record.artifacts.get(fallback_backend)
     factor = 1.0
     if fallback is not None and fallback.latency_us.get("opt") is not None:
-        other = unbucketed_p50(fallback)
+        other = unbucketed_p50(fallback_backend, fallback)
         tuned = fallback.latency_us["opt"].p50
         factor = max(1.0, other / tuned) if np.isfinite(other) and tuned > 0 else 1.0
     return PaddingPlan({dims: sorted(points.items()) for dims, points in named.items()}, factor)

@@ -3,14 +3,17 @@
 The dynamo exporter specializes such branches silently (see shared notes); the TorchScript-based
 exporter keeps them. Dynamic dims are named; one self-contained file; checked by onnx.checker.
 
-Export chain, first that works wins (facts: `export_path`, and `refused` for what the earlier path refused):
+Export chain, first that works wins (facts: `export_path`; `refused`, `trace_refused`, `dynamo_refused` for
+what each earlier path refused, or froze):
 1. `script`: the scripted module (keeps data-dependent branches).
 2. `trace`: the eager module traced by the same exporter, where the scripted graph has an op the TorchScript
    exporter refuses (a scripted GRUCell's prim::ListConstruct, TransformerEncoder's aten::is_autocast_enabled).
-   Refused when the network's own code branches or loops on values or shapes (a trace freezes that branch);
+   Not tried when the network's own code branches or loops on values or shapes (a trace freezes that branch);
    library internals (nn.LSTM's `batch_first` checks) and conditions on constants and attributes are fine.
-3. `dynamo`: torch.onnx.export(dynamo=True), only when `onnxscript` imports.
-The compile's parity gate then checks every backend at min, opt and max (batch 1 and > 1).
+3. `dynamo`: torch.onnx.export(dynamo=True, dynamic_shapes=Dim.AUTO per dynamic dim) from the eager module.
+Each exported graph must then pass the shape probe (rlopt.stages.shape_probe: run at batch 1 and > 1, every
+named length and one unnamed length, against PyTorch); a graph that froze a dim passes the turn to the next
+path. Where none keeps a dim dynamic, compile refuses in one line naming the dim (fix: make it static).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from typing import Any
 from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.onnx_graph import index_ranges
-from rlopt.recipe import InputSpec, NetworkSpec
+from rlopt.spec import InputSpec, NetworkSpec
 from rlopt.stages.base import StageOutput
+from rlopt.stages.control_flow import control_flow_blockers
 
 EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False) from the scripted module"
 EXPORTERS = {
@@ -37,13 +41,6 @@ EXPORTERS = {
 }
 _OP = re.compile(r"\b(?:aten|prim|onnx|quantized|_caffe2)::\w+")
 _NAMED_OP = re.compile(r"operator '?([\w:.]+)'?|'(\w+::\w+)'")
-# conditions on these do not depend on the inputs (they read how torch is running)
-_ENVIRONMENT_OPS = {"aten::is_grad_enabled", "aten::is_autocast_enabled", "aten::is_autocast_cpu_enabled",
-                    "prim::is_nested", "prim::is_cuda", "prim::is_mkldnn", "prim::device", "prim::dtype",
-                    "prim::requires_grad", "aten::is_scripting", "prim::is_sparse", "prim::is_quantized",
-                    "prim::is_meta", "prim::is_xpu", "prim::layout"}
-
-
 def dynamic_dim_names(inputs: dict[str, InputSpec]) -> dict[str, dict[int, str]]:
     """'batch' for a dynamic dim 0 shared by all inputs with the same range, '<input>_d<axis>' otherwise."""
     batch_ranges = {(spec.dims("min")[0], spec.dims("max")[0]) for spec in inputs.values() if 0 in spec.dynamic_axes}
@@ -57,15 +54,14 @@ def dynamic_dim_names(inputs: dict[str, InputSpec]) -> dict[str, dict[int, str]]
     return names
 
 
+def _example_tensor(torch: Any, dtype_name: str, shape: list[int]) -> Any:
+    dtype = getattr(torch, dtype_name)
+    return torch.zeros(shape, dtype=dtype) if dtype in (torch.bool, torch.uint8) else torch.ones(shape, dtype=dtype)
+
+
 def example_inputs(inputs: dict[str, InputSpec], point: str = "opt") -> tuple:
     torch = require("torch")
-    tensors = []
-    for spec in inputs.values():
-        dtype = getattr(torch, spec.dtype)
-        shape = spec.dims(point)
-        tensors.append(torch.zeros(shape, dtype=dtype) if dtype in (torch.bool, torch.uint8) else
-                       torch.ones(shape, dtype=dtype))
-    return tuple(tensors)
+    return tuple(_example_tensor(torch, spec.dtype, spec.dims(point)) for spec in inputs.values())
 
 
 def refused_op(exc: BaseException) -> str:
@@ -109,119 +105,45 @@ def quiet_file_descriptors() -> Any:
                 os.close(copy)
 
 
-def _torch_library_dir() -> str:
-    import torch
-
-    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-
-
-def _source_file(node: Any) -> str:
-    """'file:line' of a node's Python source, or '' (nodes the scripter made itself, e.g. for `a and b`)."""
-    try:
-        text = node.sourceRange()
-    except Exception:  # a node without debug info
-        return ""
-    match = re.search(r'File "([^"]+)", line (\d+)', text or "")
-    return f"{match.group(1)}:{match.group(2)}" if match else ""
-
-
-def _node_source(node: Any) -> str:
-    """The node's source, else its condition's, else the enclosing node's."""
-    where = _source_file(node)
-    if not where:
-        inputs = list(node.inputs())
-        where = _source_file(inputs[0].node()) if inputs else ""
-    owner = node.owningBlock().owningNode() if not where else None
-    while not where and owner is not None:
-        where = _source_file(owner)
-        owner = owner.owningBlock().owningNode()
-    return where
-
-
-def _is_library(where: str, library: str) -> bool:
-    """torch's own code, as a file (fresh script) or as its serialized qualified name (a loaded model.ts)."""
-    return where.startswith(library) or where.startswith("code/__torch__/torch/")
-
-
-def _fixed_value(value: Any, seen: dict[Any, bool]) -> bool:
-    """True when `value` derives only from constants, non-tensor attributes and how torch runs: a trace that
-    freezes it freezes what every call would compute anyway."""
-    if value in seen:
-        return seen[value]
-    seen[value] = False  # cycles (loop-carried values) are not fixed
-    node = value.node()
-    kind = node.kind()
-    if kind == "prim::Param":
-        fixed = False  # a graph input: the observation, or a loop's carried value
-    elif kind == "prim::Constant" or kind in _ENVIRONMENT_OPS:
-        fixed = True
-    elif kind == "prim::GetAttr":
-        fixed = not value.type().isSubtypeOf(_tensor_type())  # a weight may change on refit
-    elif list(node.blocks()):
-        fixed = False
-    else:
-        fixed = all(_fixed_value(v, seen) for v in node.inputs())
-    seen[value] = fixed
-    return fixed
-
-
-def _tensor_type() -> Any:
-    import torch
-
-    return torch._C.TensorType.get()
-
-
-def _asserts_only(node: Any) -> bool:
-    """An If with a branch that only raises: an input check, which a trace drops without changing results."""
-    for block in node.blocks():
-        if any(inner.kind() == "prim::RaiseException" for inner in block.nodes()):
-            return True
-    return False
-
-
-def control_flow_blockers(scripted: Any) -> list[str]:
-    """The network's own `if`/`for` whose condition depends on input values or shapes ('kind at file:line').
-
-    Tracing freezes such a branch at the example's values, so the trace fallback is refused for them.
-    Library internals (torch's own modules) and branches on constants / attributes / torch's mode are not listed.
-    """
-    library = _torch_library_dir()
-    graph = scripted.inlined_graph
-    seen: dict[Any, bool] = {}
-    found: list[str] = []
-
-    def visit(block: Any) -> None:
-        for node in block.nodes():
-            kind = node.kind()
-            if kind in ("prim::If", "prim::Loop"):
-                where = _node_source(node)
-                internal = _is_library(where, library)
-                inputs = list(node.inputs())
-                conditions = inputs[:1] if kind == "prim::If" else inputs[:2]
-                fixed = all(_fixed_value(v, seen) for v in conditions)
-                if not internal and not fixed and not (kind == "prim::If" and _asserts_only(node)):
-                    label = "if" if kind == "prim::If" else "loop"
-                    found.append(f"{label} at {_short(where)}")
-            for inner in node.blocks():
-                visit(inner)
-
-    visit(graph)
-    return list(dict.fromkeys(found))
-
-
-def _short(where: str) -> str:
-    if not where:
-        return "(unknown source)"
-    file, _, line = where.rpartition(":")
-    return f"{os.path.basename(file)}:{line}"
-
-
 def _dynamo_unavailable() -> str | None:
     try:
         import onnxscript  # noqa: F401
     except ImportError:
         return "the dynamo exporter needs onnxscript, which is not installed (pip install onnxscript)"
     return None
+
+
+def _dynamo_example(spec: NetworkSpec) -> dict[str, list[int]]:
+    """torch.export's example shapes: opt, but a dynamic dim whose opt is 1 takes its max (torch.export
+    specializes a dim it sees as 1). Equal ranges give equal values, so dims that must agree still do."""
+    shapes = {}
+    for name, input_spec in spec.inputs.items():
+        dims = input_spec.dims("opt")
+        for axis in input_spec.dynamic_axes:
+            if dims[axis] == 1:
+                dims[axis] = input_spec.dims("max")[axis]
+        shapes[name] = dims
+    return shapes
+
+
+def _name_dims(path: Path, dynamic_axes: dict[str, dict[int, str]]) -> None:
+    """Rename the dynamo exporter's dim symbols (`s52`) to the names the other paths give (`batch`, `obs_d1`)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    renamed: dict[str, str] = {}
+    for value in model.graph.input:
+        for axis, name in dynamic_axes.get(value.name, {}).items():
+            dims = value.type.tensor_type.shape.dim
+            if axis < len(dims) and dims[axis].dim_param:
+                renamed.setdefault(dims[axis].dim_param, name)
+    if not renamed:
+        return
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in renamed:
+                dim.dim_param = renamed[dim.dim_param]
+    onnx.save(model, str(path))
 
 
 def _export(torch: Any, module: Any, spec: NetworkSpec, opset: int, out_path: Path,
@@ -231,34 +153,36 @@ def _export(torch: Any, module: Any, spec: NetworkSpec, opset: int, out_path: Pa
         if dynamo:
             from torch.export import Dim
 
-            # positional (a tuple in forward's argument order): the recipe's input names need not be forward's
+            # positional (a tuple in forward's argument order): the recipe's input names need not be forward's;
+            # Dim.AUTO rather than named Dims: it finds which dims must be equal (a mask's and the observation's)
             shapes = tuple({axis: Dim.AUTO for axis in dynamic_axes.get(name, {})} or None for name in spec.inputs)
-            torch.onnx.export(module, example_inputs(spec.inputs), str(out_path), dynamo=True,
+            example = _dynamo_example(spec)
+            tensors = tuple(_example_tensor(torch, s.dtype, example[n]) for n, s in spec.inputs.items())
+            torch.onnx.export(module, tensors, str(out_path), dynamo=True, verbose=False,
                               input_names=list(spec.inputs), output_names=list(spec.outputs),
-                              dynamic_shapes=shapes,
-                              opset_version=opset, external_data=False)
+                              dynamic_shapes=shapes, opset_version=opset, external_data=False, optimize=False)
+            _name_dims(out_path, dynamic_axes)
         else:
             torch.onnx.export(module, example_inputs(spec.inputs), str(out_path), dynamo=False,
                               input_names=list(spec.inputs), output_names=list(spec.outputs),
                               dynamic_axes=dynamic_axes, opset_version=opset, do_constant_folding=True)
 
 
+REFUSED_FACT = {"script": "refused", "trace": "trace_refused", "dynamo": "dynamo_refused"}
+
+
 def export_onnx(ts_path: Path, spec: NetworkSpec, opset: int, out_path: Path, *, recipe_path: Path,
-                network: str, eager_module: Any = None) -> StageOutput:
-    """ONNX from the scripted module; where the exporter refuses one of its ops, from the eager module (see the
-    module docstring). `eager_module` is the network's nn.Module (needed for the fallbacks)."""
+                network: str, eager_module: Any = None, tolerance: tuple[float, float] = (1e-4, 1e-3)) -> StageOutput:
+    """ONNX from the scripted module; where the exporter refuses one of its ops or the graph freezes a dynamic dim,
+    from the eager module (see the module docstring). `eager_module` is the network's nn.Module (needed for the
+    fallbacks); `tolerance` (atol, rtol) is what the shape probe allows against PyTorch."""
     torch = require("torch")
     onnx = require("onnx")
     scripted = torch.jit.load(str(ts_path), map_location="cpu")
     dynamic_axes = {name: axes for name, axes in dynamic_dim_names(spec.inputs).items() if axes}
     facts: dict[str, Any] = {}
-    try:
-        _export(torch, scripted, spec, opset, out_path, dynamic_axes)
-        facts["export_path"] = "script"
-    except Exception as exc:  # the exporter raises many types for unsupported operators
-        facts["refused"] = refused_op(exc)
-        facts["export_path"] = _fallback(torch, scripted, eager_module, spec, opset, out_path, dynamic_axes,
-                                         facts, recipe_path=recipe_path, network=network)
+    facts["export_path"] = _export_chain(torch, scripted, eager_module, spec, opset, out_path, dynamic_axes, facts,
+                                         tolerance, recipe_path=recipe_path, network=network)
     model = onnx.load(str(out_path))
     graph_outputs = [o.name for o in model.graph.output]
     if graph_outputs != list(spec.outputs):
@@ -278,11 +202,11 @@ def export_onnx(ts_path: Path, spec: NetworkSpec, opset: int, out_path: Path, *,
 
 def weight_map(torch: Any, onnx: Any, model: Any, ts_path: Path, eager: Any, spec: NetworkSpec, opset: int,
                out_path: Path, dynamic_axes: dict[str, dict[int, str]], path: str) -> dict[str, Any]:
-    """The refit map (rlopt.refit.weight_map): the same export path once more, from distinct sentinel weights."""
+    """The refit map (rlopt.stages.weight_map): the same export path once more, from distinct sentinel weights."""
     import copy
     import tempfile
 
-    from rlopt.refit.weight_map import build_weight_map, sentinel_state
+    from rlopt.stages.weight_map import build_weight_map, sentinel_state
 
     module = torch.jit.load(str(ts_path), map_location="cpu") if path == "script" else copy.deepcopy(eager).eval()
     marked = sentinel_state(module.state_dict())
@@ -310,36 +234,71 @@ def _all_nodes(graph: Any) -> list[Any]:
     return nodes
 
 
-def _fallback(torch: Any, scripted: Any, eager: Any, spec: NetworkSpec, opset: int, out_path: Path,
-              dynamic_axes: dict[str, dict[int, str]], facts: dict[str, Any], *, recipe_path: Path,
-              network: str) -> str:
-    """The trace, then the dynamo path, each refused with its reason; all refused is one StageError line."""
-    refused = facts["refused"]
+def _not_tried(path: str, scripted: Any) -> str | None:
+    """Why an export path is not tried here, or None."""
+    if path == "trace":
+        blockers = control_flow_blockers(scripted)
+        return f"tracing would freeze the data-dependent {', '.join(blockers[:3])}" if blockers else None
+    if path == "dynamo":
+        return _dynamo_unavailable()
+    return None
+
+
+def _export_chain(torch: Any, scripted: Any, eager: Any, spec: NetworkSpec, opset: int, out_path: Path,
+                  dynamic_axes: dict[str, dict[int, str]], facts: dict[str, Any], tolerance: tuple[float, float], *,
+                  recipe_path: Path, network: str) -> str:
+    """The first export path whose graph passes the shape probe; each other one's reason goes into `facts`."""
+    from rlopt.stages.shape_probe import probe_export
+
+    attempts = [("script", scripted)] + ([("trace", eager), ("dynamo", eager)] if eager is not None else [])
+    reference = eager.eval() if eager is not None else scripted
+    frozen, short = "", {}
+    for path, module in attempts:
+        reason = _not_tried(path, scripted)
+        if reason is None:
+            try:
+                _export(torch, module.eval(), spec, opset, out_path, dynamic_axes, dynamo=path == "dynamo")
+            except Exception as exc:  # the exporters raise many types for unsupported operators
+                reason = refused_op(exc)
+        if reason is None:
+            probe = probe_export(out_path, reference, spec, *tolerance)
+            if probe.failed is None:
+                facts["shape_probe"] = probe.facts()
+                return path
+            frozen = probe.failed.dim or probe.failed.label
+            reason = f"the graph does not match PyTorch at {probe.failed.label}: {probe.problem}"
+            short[path] = f"froze it (does not match PyTorch at {probe.failed.label})"
+        facts[REFUSED_FACT[path]] = reason
+    out_path.unlink(missing_ok=True)
+    raise StageError(_refusal(spec, {**facts, **{REFUSED_FACT[p]: r for p, r in short.items()}}, frozen,
+                              eager is not None, recipe_path=recipe_path, network=network))
+
+
+def _short_reason(text: str, limit: int = 140) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _refusal(spec: NetworkSpec, facts: dict[str, Any], frozen: str, fallbacks: bool, *, recipe_path: Path,
+             network: str) -> str:
+    """The one line for an export no path could make: the dim no exporter kept dynamic, else each path's error."""
     where = f"networks.{network}"
+    tried = "; ".join(f"{label}: {_short_reason(facts[key])}" for label, key in
+                      (("scripted", "refused"), ("traced", "trace_refused"), ("dynamo", "dynamo_refused"))
+                      if key in facts)
+    if frozen.startswith("input '"):
+        name, axis = frozen.split("'")[1], int(frozen.rsplit(" ", 1)[1])
+        lo, hi = spec.inputs[name].dims("min")[axis], spec.inputs[name].dims("max")[axis]
+        return located(recipe_path, where, f"no ONNX exporter keeps {frozen} ({lo}..{hi}) dynamic: {tried}",
+                       f"make {frozen} static in the recipe (min = opt = max), or make forward shape-generic "
+                       "along it")
+    if frozen:  # each dim alone ran; the named shape that varies them together did not
+        return located(recipe_path, where, f"no ONNX exporter gives a graph that matches PyTorch at {frozen}: "
+                       f"{tried}", "make the dims that vary there static in the recipe (min = opt = max), or "
+                       "make forward shape-generic along them")
+    if not fallbacks:
+        return located(recipe_path, where, f"ONNX export failed: {facts['refused']}",
+                       "use operators the TorchScript exporter supports at this opset (recipe onnx.opset)")
     fix = "use operators the TorchScript exporter supports at this opset (recipe onnx.opset)"
-    if eager is None:
-        raise StageError(located(recipe_path, where, f"ONNX export failed: {refused}", fix))
-    blockers = control_flow_blockers(scripted)
-    if blockers:
-        facts["fallback_refused"] = f"tracing would freeze the branch ({', '.join(blockers[:3])})"
-        raise StageError(located(recipe_path, where,
-                                 f"ONNX export of the scripted module failed ({refused}), and tracing the eager "
-                                 f"module instead would freeze the data-dependent {blockers[0]}",
-                                 "replace that operator, or move the branch out of the network "
-                                 "(e.g. torch.where instead of if)"))
-    try:
-        _export(torch, eager.eval(), spec, opset, out_path, dynamic_axes)
-        return "trace"
-    except Exception as exc:  # the exporter raises many types for unsupported operators
-        traced = refused_op(exc)
-        facts["trace_refused"] = traced
-    reason = _dynamo_unavailable()
-    if reason is None:
-        try:
-            _export(torch, eager.eval(), spec, opset, out_path, dynamic_axes, dynamo=True)
-            return "dynamo"
-        except Exception as exc:  # the dynamo exporter raises many types too
-            reason = refused_op(exc)
-    facts["dynamo_refused"] = reason
-    raise StageError(located(recipe_path, where,
-                             f"ONNX export failed: scripted: {refused}; traced: {traced}; dynamo: {reason}", fix))
+    if facts.get("trace_refused", "").startswith("tracing would freeze"):
+        fix = "replace that operator, or move the branch out of the network (e.g. torch.where instead of if)"
+    return located(recipe_path, where, f"ONNX export failed: {tried}", fix)

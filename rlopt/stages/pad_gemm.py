@@ -356,11 +356,9 @@ def _pad_n(padder: _Padder, layer: _Layer, to: int) -> None:
 
 def exactness(original: Path, padded: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, Any]:
     """Run both models under ONNX Runtime on the same feeds: max |diff| over every output (0.0 = bit-identical)."""
-    ort = require("onnxruntime")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    sessions = [ort.InferenceSession(str(p), sess_options=options, providers=["CPUExecutionProvider"])
-                for p in (original, padded)]
+    from rlopt.onnx_session import make_session
+
+    sessions = [make_session(p) for p in (original, padded)]
     max_abs = 0.0
     for feed in feeds:
         base, other = (s.run(None, feed) for s in sessions)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.backends.test_onnxruntime_session import _model_bytes
+from tests.test_onnx_session import _model_bytes
 
 pytest.importorskip("onnxruntime")
 

@@ -14,8 +14,8 @@ import pytest
 
 from rlopt.backends.onnxruntime.build import NO_TF32_SWITCH, check_onnxruntime, gpu_facts
 from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
-from rlopt.backends.onnxruntime.session import make_session
-from rlopt.recipe import OnnxRuntimeConfig
+from rlopt.onnx_session import make_session
+from rlopt.backends.onnxruntime.config import OnnxRuntimeConfig
 
 CUDA, CPU, TRT = "CUDAExecutionProvider", "CPUExecutionProvider", "TensorrtExecutionProvider"
 
@@ -47,7 +47,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     sessions: list[Any] = []
     ort = ort_with_cuda(sessions)
     monkeypatch.setattr("rlopt.backends.onnxruntime.build.require", lambda name: ort)
-    monkeypatch.setattr("rlopt.backends.onnxruntime.session.require", lambda name: ort)
+    monkeypatch.setattr("rlopt.onnx_session.require", lambda name: ort)
     return sessions
 
 
@@ -56,8 +56,8 @@ def test_the_cuda_provider_is_opened_with_use_tf32_as_the_recipe_says(tmp_path: 
                                                                      tf32: bool) -> None:
     out = check_onnxruntime(tmp_path / "model.onnx", OnnxRuntimeConfig(providers=[CUDA, CPU], tf32=tf32))
     assert opened == [[(CUDA, {"use_tf32": "1" if tf32 else "0"}), CPU]]
-    assert out.facts["tf32"] is tf32
-    assert out.facts.get("precision_built") == ("tf32" if tf32 else None)
+    assert out.facts.tf32 is tf32
+    assert out.facts.precision_built == ("tf32" if tf32 else None)
     facts = OnnxRuntimeFacts.of(out.facts)
     make_session(tmp_path / "model.onnx", providers=facts.session_providers, provider_options=facts.provider_options)
     assert opened[-1] == opened[0], "the runner reopens the provider as the build proved it"

@@ -39,7 +39,7 @@ def test_every_backend_verifies_and_openvino_records_its_ir(model_dir: Path) -> 
         network = manifest.networks[name]
         assert all(a.verified for a in network.artifacts.values()), name
         record = network.artifacts["openvino"]
-        facts = record.facts
+        facts = record.facts.as_dict()
         assert record.path == f"{name}/model.xml" and facts["onnx"] == "model.onnx"
         assert facts["weights"]["path"] == f"{name}/model.bin"
         assert facts["weights"]["sha256"] == sha256_file(model_dir / name / "model.bin")
@@ -48,16 +48,16 @@ def test_every_backend_verifies_and_openvino_records_its_ir(model_dir: Path) -> 
         stage = next(s for s in network.stages if s["stage"] == "openvino")
         assert stage["status"] == "ok"
     policy = manifest.networks["policy"].artifacts["openvino"].facts
-    assert (policy["precision_built"], policy["inference_precision"]) == ("fp32", "f32")
+    assert (policy.precision_built, policy.inference_precision) == ("fp32", "f32")
 
 
 def test_a_reduced_precision_runs_where_the_cpu_has_it_else_fp32_with_a_notice(model_dir: Path) -> None:
     value = read_manifest(model_dir).networks["value"].artifacts["openvino"]
     if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
-        assert (value.facts["precision_built"], value.facts["inference_precision"]) == ("bf16", "bf16")
-        assert "reduced_precision" in value.facts["parity_gate"]["why"]
+        assert (value.facts.precision_built, value.facts.inference_precision) == ("bf16", "bf16")
+        assert value.facts.parity_gate is not None and "reduced_precision" in value.facts.parity_gate.why
     else:
-        assert value.facts["precision_built"] == "fp32" and "lacks BF16" in value.facts["notice"]
+        assert value.facts.precision_built == "fp32" and "lacks BF16" in (value.facts.notice or "")
     assert value.parity.passed
 
 
@@ -113,7 +113,7 @@ def test_one_thread_facts_compute_on_one_thread_with_the_same_outputs(model_dir:
 
     record = read_manifest(model_dir).networks["policy"].artifacts["openvino"]
     facts = BACKENDS["openvino"].one_thread(record.facts)
-    assert facts["inference_num_threads"] == 1 and BACKENDS["openvino"].threads(BACKENDS["openvino"].facts.of(facts)) == 1
+    assert facts.inference_num_threads == 1 and BACKENDS["openvino"].threads(facts) == 1
     feeds = _feeds((4, 6, 32))
     single = open_runner("openvino", model_dir / record.path, ["input0"], facts)
     default = open_runner("openvino", model_dir / record.path, ["input0"], record.facts)
@@ -142,8 +142,9 @@ def test_auto_runs_a_recorded_route_through_openvino_beside_onnx_runtime(model_d
     mixed = copy_model_dir(model_dir, tmp_path)
 
     def route(document: dict) -> None:  # as if compile had measured OpenVINO fastest at the small shapes
-        document["networks"]["policy"]["facts"]["auto_routes"] = {
-            "1x1x32": "openvino", "2x3x32": "openvino", "4x6x32": "onnxruntime", "other": "openvino"}
+        document["networks"]["policy"]["facts"]["route"] = {"routes": {
+            "1x1x32": "openvino", "2x3x32": "openvino", "4x6x32": "onnxruntime", "other": "openvino"},
+            "options": {"onnxruntime": {"allow_spinning": False}}}
 
     reseal(mixed, route)
     with rlopt.load(mixed, "policy") as session, rlopt.load(mixed, "policy", "onnxruntime") as ort:
@@ -200,8 +201,8 @@ def test_refit_converts_the_refitted_graph_again(model_dir: Path, tmp_path: Path
     with rlopt.load(out, "policy", "openvino") as session:
         np.testing.assert_allclose(session.run(feeds)["logits"], expected, atol=1e-5, rtol=1e-4)
     old, new = read_manifest(model_dir).networks["policy"], read_manifest(out).networks["policy"]
-    weights = new.artifacts["openvino"].facts["weights"]
-    assert weights["sha256"] != old.artifacts["openvino"].facts["weights"]["sha256"]
+    weights = new.artifacts["openvino"].facts.as_dict()["weights"]
+    assert weights["sha256"] != old.artifacts["openvino"].facts.as_dict()["weights"]["sha256"]
     assert weights["sha256"] == sha256_file(out / "policy" / "model.bin")
     copy = "triton/tiny-heads_policy_openvino/1/model.bin"
     assert new.files[copy].sha256 == weights["sha256"] == sha256_file(out / copy), "Triton's copy follows the refit"

@@ -25,12 +25,13 @@ def test_threads_come_from_the_facts() -> None:
     backend = BACKENDS["openvino"]
     assert backend.threads(OpenVinoFacts(inference_num_threads=3)) == 3
     assert backend.threads(OpenVinoFacts(threads_at_build=2)) == "OpenVINO default for LATENCY, 2 when built"
-    assert backend.one_thread({"onnx": "model.onnx"}) == {"onnx": "model.onnx", "inference_num_threads": 1}
+    assert backend.one_thread(OpenVinoFacts(onnx="model.onnx")).as_dict() == {"onnx": "model.onnx",
+                                                                              "inference_num_threads": 1}
 
 
 def test_the_weights_travel_with_the_ir() -> None:
     weights = {"path": "policy/model.bin", "sha256": "0" * 64, "bytes": 8}
-    assert [ref.as_dict() for ref in OpenVinoFacts.of({"weights": weights}).companion_files()] == [weights]
+    assert [ref.model_dump() for ref in OpenVinoFacts.of({"weights": weights}).companion_files()] == [weights]
     assert OpenVinoFacts().companion_files() == []
 
 
@@ -57,7 +58,7 @@ def _ctx(precision: str = "fp32") -> Any:
 
 def test_the_stage_key_holds_the_openvino_version_and_for_a_reduced_precision_the_cpu(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlopt.compile import engine
+    from rlopt.backends import stage_versions, tool_versions
     from rlopt.lazy import version_of
 
     stage = OpenVinoConvert()
@@ -69,7 +70,8 @@ def test_the_stage_key_holds_the_openvino_version_and_for_a_reduced_precision_th
     monkeypatch.setattr("rlopt.backends.openvino.convert.version_of",
                         lambda name: "9999.1" if name == "openvino" else version_of(name))
     assert stage.config(_ctx())["openvino"] == "9999.1", "a new OpenVINO misses the cache"
-    assert "openvino" in engine.tool_versions() and "openvino" not in engine.CACHE_VERSIONS, \
+    assert "openvino" in tool_versions() and "openvino" in stage_versions("openvino"), "its stages' keys hold it"
+    assert "openvino" not in stage_versions() and "openvino" not in stage_versions("tvm"), \
         "installing the extra keeps every other stage's cache entries"
 
 

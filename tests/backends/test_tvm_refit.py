@@ -42,14 +42,14 @@ def _build(onnx_path: Path, recipe: Any, spec: Any, model_dir: Path) -> dict[str
     network_dir = model_dir / "policy"
     network_dir.mkdir(parents=True)
     out = build_tvm(onnx_path, recipe.tvm, network_dir, recipe_path=RECIPE, network="policy", spec=spec)
-    return out.facts
+    return out.facts.as_dict()
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Weights A and B of one architecture: their ONNX files and a TVM build of each (one tuned static shape)."""
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.user_model import build_model, submodule
 
     root = tmp_path_factory.mktemp("tvm-refit")
     recipe = load_recipe(RECIPE)
@@ -80,7 +80,7 @@ def _refit(builds: dict[str, Any], onnx_path: Path, name: str) -> tuple[Path, di
     facts = refit_artifact(RefitInputs(network_dir=model_dir / "policy", artifact="tvm-llvm.so",
                                        facts=TvmFacts.of(builds["a"]), onnx_path=onnx_path, padded_onnx_path=None,
                                        state={}))
-    return model_dir, facts
+    return model_dir, facts.as_dict()
 
 
 def _runner(model_dir: Path, facts: dict[str, Any]) -> Any:

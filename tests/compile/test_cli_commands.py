@@ -59,19 +59,23 @@ def test_schema_of_an_unknown_kind_is_a_usage_error(capsys: pytest.CaptureFixtur
 
 
 def test_cache_prune_removes_entries_of_other_code_or_versions(tmp_path: Path) -> None:
+    from rlopt.backends import stage_versions
     from rlopt.compile.cache import StageCache
-    from rlopt.compile.engine import CACHE_VERSIONS
     from rlopt.compile.network import entry_is_current, stage_code_versions
 
     versions = stage_code_versions()
     cache = StageCache(tmp_path)
-    current = {"code": versions["onnx"], "versions": CACHE_VERSIONS, "config": 1}
+    current = {"code": versions["onnx"], "versions": stage_versions(), "config": 1}
     cache.store("onnx", current, {}, {})
     cache.store("onnx", {**current, "code": "old"}, {}, {})
-    cache.store("verify tvm", {"code": versions["verify"], "versions": {**CACHE_VERSIONS, "onnx": "0.0"}}, {}, {})
-    cache.store("verify onnxruntime", {"code": versions["verify"], "versions": CACHE_VERSIONS}, {}, {})
-    assert cache.prune(lambda stage, c: entry_is_current(stage, c, versions)) == 2
-    assert cache.info()["entries"] == {"onnx": 1, "verify onnxruntime": 1, "verify tvm": 0}
+    tvm = {"code": versions["verify"], "backend": "tvm", "versions": stage_versions("tvm")}
+    cache.store("verify tvm", {**tvm, "versions": {**stage_versions("tvm"), "onnx": "0.0"}}, {}, {})
+    cache.store("verify onnxruntime", {"code": versions["verify"], "backend": "onnxruntime",
+                                       "versions": stage_versions("onnxruntime")}, {}, {})
+    cache.store("verify openvino", {"code": versions["verify"], "backend": "openvino",
+                                    "versions": stage_versions()}, {}, {})  # keyed before its library was declared
+    assert cache.prune(lambda stage, c: entry_is_current(stage, c, versions)) == 3
+    assert cache.info()["entries"] == {"onnx": 1, "verify onnxruntime": 1, "verify tvm": 0, "verify openvino": 0}
     assert cache.lookup("onnx", current) is not None
 
 

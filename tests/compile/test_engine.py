@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from rlopt.compile.cache import StageCache
-from rlopt.compile.engine import CACHE_VERSIONS, Engine, key_components
-from rlopt.compile.stage import Context, Stage, StageOutput, code_digest
+from rlopt.backends import stage_versions
+from rlopt.compile.engine import Engine, key_components
+from rlopt.stages.base import Context, Stage, StageOutput, code_digest
 from rlopt.errors import BackendUnavailable, StageError
 from rlopt.recipe import load_recipe
 from tests.conftest import write_tiny_recipe
@@ -103,7 +104,7 @@ def test_keys_hold_code_version_config_upstream_and_machine_only_where_it_matter
     components = key_components(WriteText(), ctx)
     assert components["code"] == code_digest([__name__]), "the stage's own module, not all of rlopt"
     assert components["upstream"] == {"source": {"graph": "g1", "weights": "w1"}}
-    assert components["versions"] == CACHE_VERSIONS and "rlopt_source" not in CACHE_VERSIONS
+    assert components["versions"] == stage_versions() and "rlopt_source" not in stage_versions()
     assert "machine" not in components
 
     class OnThisCpu(WriteText):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rlopt.compile.frontend import (
+from rlopt.stages.frontend import (
     FRONTEND,
     FRONTEND_TO_PADDING,
     ExportOnnx,
@@ -17,7 +17,7 @@ from rlopt.compile.frontend import (
     PadGemmForTuning,
     SpecializationGuard,
 )
-from rlopt.compile.stage import Context
+from rlopt.stages.base import Context
 from rlopt.errors import StageError
 from rlopt.recipe import load_recipe
 from tests.conftest import write_tiny_recipe
@@ -97,7 +97,7 @@ def test_compile_takes_its_model_from_a_model_source(tmp_path: Path) -> None:
 
 def test_tune_feeds_tvm_the_graph_compile_builds_pad_gemm_outputs_included(tmp_path: Path) -> None:
     pytest.importorskip("onnx")
-    from rlopt.compile.frontend import model_source
+    from rlopt.compile.sources import model_source
     from rlopt.tools.tune import network_onnx
 
     shapes: dict[bool, list[Any]] = {}

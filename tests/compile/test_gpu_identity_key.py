@@ -12,7 +12,7 @@ import pytest
 
 from rlopt.compile.cache import StageCache
 from rlopt.compile.engine import Engine, key_components
-from rlopt.compile.stage import Context, Stage, StageOutput, package_digest
+from rlopt.stages.base import Context, Stage, StageOutput, package_digest
 from rlopt.recipe import load_recipe
 from tests.conftest import write_tiny_recipe
 
@@ -83,13 +83,15 @@ def test_the_verdict_key_holds_the_runner_package_code(tmp_path: Path, monkeypat
 
 
 def test_verify_stage_config_names_the_runner_code(ctx: Context) -> None:
+    from rlopt.backends.torchscript.facts import TorchScriptFacts
     from rlopt.compile.measure import VerifyBackend
     from rlopt.parity import Tolerance
 
     ctx.artifacts["reference.npz"] = ctx.dir / "reference.npz"
     ctx.artifacts["reference.npz"].write_bytes(b"npz")
     ctx.keys["module"] = "graph-and-weights"
-    stage = VerifyBackend("torchscript", StageOutput(ctx.dir / "model.ts", {}), Tolerance(1e-4, 1e-3, 1e-4))
+    stage = VerifyBackend("torchscript", StageOutput(ctx.dir / "model.ts", TorchScriptFacts()), Tolerance(1e-4, 1e-3, 1e-4),
+                          identity=ctx.keys["module"])
     assert stage.config(ctx)["runner_code"] == package_digest("rlopt.backends.torchscript.runner")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlopt.compile.measure import ORT_ONE_THREAD, named_shapes
+from rlopt.compile.auto import named_shapes
 from rlopt.compile.rounds import fresh_process_medians, interleaved_medians
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
@@ -37,9 +37,9 @@ def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
 def test_onnx_runtime_alone_is_timed_in_a_fresh_process(tiny_compiled: Path) -> None:
     record = read_manifest(tiny_compiled).networks["policy"]
     labels = named_shapes(record, load_reference(tiny_compiled, record)) | {"other": "opt"}
-    facts = dict(record.artifacts["onnxruntime"].facts)
+    facts = record.artifacts["onnxruntime"].facts.as_dict()
     subjects = {"onnxruntime": ("onnxruntime", facts),
-                ORT_ONE_THREAD: ("onnxruntime", {**facts, "intra_op_threads": 1})}
+                "onnxruntime 1 thread": ("onnxruntime", {**facts, "intra_op_threads": 1})}
     alone, rounds = fresh_process_medians(tiny_compiled, record, subjects, labels)
     assert rounds >= 1 and set(alone) == set(subjects)
     assert all(set(table) == set(labels) and 0 < min(table.values()) < 1e6 for table in alone.values())

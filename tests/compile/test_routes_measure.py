@@ -6,8 +6,7 @@ import pytest
 
 from rlopt.backends import BACKENDS
 from rlopt.backends.tvm.facts import TvmFacts
-from rlopt.compile.measure import (CONTENDED, ORT_ONE_THREAD, TRIES, at_least, fair_measurement,
-                                   ort_thread_choice, outclassed)
+from rlopt.compile.auto import CONTENDED, TRIES, at_least, fair_measurement, outclassed
 from rlopt.machine import OtherLoad, usable_cores
 from rlopt.runtime.routes import choose_route
 
@@ -20,42 +19,6 @@ def test_a_backend_over_twice_as_slow_at_every_shape_is_not_timed() -> None:
     assert outclassed(recorded, "torchscript", named), "3x and 2.1x ONNX Runtime"
     assert not outclassed(recorded, "tvm", named), "fastest at 1x17"
     assert not outclassed(recorded, "onnxruntime", named)
-
-
-def test_each_shape_runs_onnxruntime_on_whichever_of_one_thread_and_the_pool_was_faster_there() -> None:
-    default, one = {"1x4": 10.0, "64x4": 40.0}, {"1x4": 8.0, "64x4": 30.0}
-    alone = {"onnxruntime": default, ORT_ONE_THREAD: one, "tvm": {"1x4": 5.0, "64x4": 200.0}}
-    together = {"onnxruntime": {"1x4": 12.0, "64x4": 55.0}, ORT_ONE_THREAD: {"1x4": 8.5, "64x4": 31.0}}
-    threads, shapes, ranked_alone, ranked_together, why = ort_thread_choice(alone, together)
-    assert (threads, shapes) == (1, {}) and ranked_alone["onnxruntime"] == one and ranked_alone["tvm"] == alone["tvm"]
-    assert ranked_together is not None and ranked_together["onnxruntime"] == together[ORT_ONE_THREAD]
-    assert why.endswith("1x4 1 thread 1.25x, 64x4 1 thread 1.33x")
-    # sb3-ppo-cartpole's value net in a worker at 17:50: level at 1x4 and 64x4, the pool 1.15x faster at 256x4
-    cartpole = {"onnxruntime": {"1x4": 13.04, "64x4": 26.18, "256x4": 61.82, "other": 26.3},
-                ORT_ONE_THREAD: {"1x4": 12.84, "64x4": 25.86, "256x4": 70.94, "other": 25.9}}
-    threads, shapes, ranked, _, why = ort_thread_choice(cartpole, None)
-    assert (threads, shapes) == (1, {"256x4": 0}), "the session on one thread, 256x4 on the pool"
-    assert ranked["onnxruntime"] == {"1x4": 12.84, "64x4": 25.86, "256x4": 61.82, "other": 25.9}
-    assert "256x4 pool 1.15x" in why and "1x4 1 thread 1.02x" in why
-    # recurrent_ppo_lstm: the pool faster everywhere but at 8x8, where one thread is
-    pool_wins = {"onnxruntime": {"1x8": 27.1, "4x8": 27.33, "8x8": 49.0, "other": 27.6},
-                 ORT_ONE_THREAD: {"1x8": 44.02, "4x8": 45.42, "8x8": 48.23, "other": 42.9}}
-    threads, shapes, ranked, _, _ = ort_thread_choice(pool_wins, None)
-    assert (threads, shapes) == (None, {"8x8": 1}) and ranked["onnxruntime"]["8x8"] == 48.23
-    # without OTHER, the configuration most shapes take is the session's; a tie is one thread
-    named = {"onnxruntime": {"1x4": 10.0, "64x4": 20.0, "256x4": 50.0}, ORT_ONE_THREAD: {"1x4": 10.0, "64x4": 25.0,
-                                                                                         "256x4": 60.0}}
-    assert ort_thread_choice(named, None)[:2] == (None, {"1x4": 1})
-    assert ort_thread_choice({"onnxruntime": default}, None) == (None, {}, {"onnxruntime": default}, None, "")
-
-
-def test_a_graph_too_large_to_open_twice_keeps_one_configuration_for_every_shape() -> None:
-    cartpole = {"onnxruntime": {"1x4": 13.04, "64x4": 25.86, "256x4": 61.82},
-                ORT_ONE_THREAD: {"1x4": 12.84, "64x4": 26.18, "256x4": 70.94}}
-    threads, shapes, ranked, _, _ = ort_thread_choice(cartpole, None, per_shape=False)
-    assert (threads, shapes) == (None, {}) and ranked["onnxruntime"] == cartpole["onnxruntime"]
-    traded = {**cartpole, "onnxruntime": {**cartpole["onnxruntime"], "1x4": 14.6}}
-    assert ort_thread_choice(traded, None, per_shape=False)[:2] == (1, {}), "as much lost at 1x4 as won at 256x4"
 
 
 class _ScriptedLoad:

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from rlopt.backends.base import Runner
+from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.compile.measure import VerifyBackend
-from rlopt.compile.stage import Context, StageOutput
+from rlopt.stages.base import Context, StageOutput
 from rlopt.parity import Tolerance
 from rlopt.recipe import load_recipe
 from rlopt.reference import Reference
@@ -58,7 +59,7 @@ def ctx(tmp_path: Path) -> Context:
 
 def _measure(ctx: Context, runner: FakeRunner, monkeypatch: pytest.MonkeyPatch) -> tuple:
     monkeypatch.setattr("rlopt.compile.measure.open_runner", lambda *args: runner)
-    stage = VerifyBackend("tvm", StageOutput(ctx.dir / "fake.so", {}), Tolerance(1e-5, 1e-4, 1e-4))
+    stage = VerifyBackend("tvm", StageOutput(ctx.dir / "fake.so", TvmFacts()), Tolerance(1e-5, 1e-4, 1e-4))
     return stage.measure(ctx)
 
 
@@ -67,8 +68,8 @@ def test_variants_are_gated_and_a_failed_trick_is_recorded_not_fatal(ctx: Contex
     runner = FakeRunner()
     record, failure = _measure(ctx, runner, monkeypatch)
     assert failure is None and record.parity.passed and runner.closed
-    assert record.facts["variant_parity"]["dynamic"]["passed"] is True
-    assert record.facts["variant_parity"]["padded"]["passed"] is False
+    assert record.facts.gate_passed("dynamic") and not record.facts.gate_passed("padded")
+    assert set(record.facts.variant_parity) == {"dynamic", "padded"}, "the failed trick is recorded"
     assert set(record.latency_us) == {"opt"}
 
 

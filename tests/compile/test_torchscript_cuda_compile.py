@@ -48,9 +48,9 @@ def test_on_cuda_the_graphs_are_built_gated_and_served(tmp_path: Path, monkeypat
     result = compile_recipe(recipe, tmp_path / "out", cache=StageCache(enabled=False))
     assert result.passed, result.failures
     record = read_manifest(result.model_dir).networks["policy"].artifacts["torchscript"]
-    assert record.verified and record.facts["device"] == "cuda" and record.facts["cuda_graphs"] is True
-    assert record.facts["graph_shapes"]["opt"] == {"input0": [2, 3, 32]}
-    assert record.facts["variant_parity"]["eager"]["passed"]
+    assert record.verified and record.facts.as_dict()["device"] == "cuda" and record.facts.as_dict()["cuda_graphs"] is True
+    assert record.facts.as_dict()["graph_shapes"]["opt"] == {"input0": [2, 3, 32]}
+    assert record.facts.as_dict()["variant_parity"]["eager"]["passed"]
     with rlopt.load(result.model_dir, "policy", backend="torchscript") as session:
         for shape in ([2, 3, 32], [3, 5, 32]):  # a named shape (a graph), another one (eager)
             x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

@@ -58,7 +58,7 @@ def test_the_files_unlike_a_fresh_compile_are_named_by_sha256_with_what_loads_wi
     tvm = fresh.networks["policy"].artifacts["tvm"]
     params = TvmFacts.of(tvm.facts).params
     assert params is not None
-    tvm.facts["params"]["file"]["sha256"] = "0" * 64
+    tvm.facts = tvm.facts.updated(params=params.updated(file=params.file.model_copy(update={"sha256": "0" * 64})))
     fresh.networks["policy"].artifacts["onnxruntime"].sha256 = "1" * 64
     assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm") == [Path(params.file.path).name]
     assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "onnxruntime") == ["model.onnx"]
@@ -67,8 +67,7 @@ def test_the_files_unlike_a_fresh_compile_are_named_by_sha256_with_what_loads_wi
     assert at_min == [Path(params.file.path).name], "the point's own library and the params, not the dynamic one"
     fresh.networks["policy"].artifacts["tvm"].sha256 = "2" * 64
     assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm", "min") == at_min
-    tvm.facts["num_threads"] = 7
-    tvm.facts["thread_latency_us"] = {"1x1x32": {"1": 1.0}}
+    tvm.facts = tvm.facts.updated(num_threads=7, thread_latency_us={"1x1x32": {"1": 1.0}})
     assert files_unlike({"refitted": refitted, "fresh1": fresh}, "policy", "tvm", "min") == [*at_min, "facts.num_threads"]
 
 

@@ -21,7 +21,7 @@ SINGLE = {"input0": np.linspace(-1, 1, 32, dtype=np.float32).reshape(1, 1, 32)}
 
 
 def _recipe_folder(model_dir: Path) -> Path:
-    return Path(read_manifest(model_dir).networks["policy"].facts["model_source"]["factory"]).parents[1]
+    return Path(read_manifest(model_dir).networks["policy"].facts.as_dict()["model_source"]["factory"]).parents[1]
 
 
 def _eager(folder: Path, state: dict, feeds: dict) -> dict[str, np.ndarray]:
@@ -79,7 +79,7 @@ def test_refitted_artifacts_equal_a_fresh_compile(base_dir: Path, tmp_path: Path
     import torch
 
     from rlopt.compile import compile_recipe
-    from rlopt.refit.weight_map import tensor_locations
+    from rlopt.stages.weight_map import tensor_locations
 
     folder = _recipe_folder(base_dir)
     checkpoint = save_state(perturbed_state(folder, seed=7), folder / "fresh.pt")
@@ -255,9 +255,9 @@ def test_gates_run_side_by_side_on_one_thread_each_costliest_first(base_dir: Pat
     assert sorted(b for b, _, _ in opened) == sorted(["onnxruntime", "torchscript"] * 2)
     assert all(thread.startswith("rlopt-refit") for _, thread, _ in opened)
     assert [threads for b, _, threads in opened if b == "onnxruntime"] == [1, 1]
-    compiled = read_manifest(base_dir).networks["policy"].artifacts["onnxruntime"].facts.get("intra_op_threads")
+    compiled = read_manifest(base_dir).networks["policy"].artifacts["onnxruntime"].facts.as_dict().get("intra_op_threads")
     assert compiled != 1  # else the check above could not tell the gate's setting from compile's
-    assert read_manifest(out).networks["policy"].artifacts["onnxruntime"].facts.get("intra_op_threads") == compiled
+    assert read_manifest(out).networks["policy"].artifacts["onnxruntime"].facts.as_dict().get("intra_op_threads") == compiled
 
 
 def test_gate_cost_weighs_compile_latency_by_samples() -> None:

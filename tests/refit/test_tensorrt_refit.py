@@ -53,7 +53,7 @@ def _refit(model_dir: Path, trt_dir: Path, tmp_path: Path, trt: object, monkeypa
 def test_the_compiled_engine_is_verified_and_refittable(trt_dir: Path) -> None:
     for network in read_manifest(trt_dir).networks.values():
         record = network.artifacts["tensorrt"]
-        assert record.verified and record.facts["refittable"] and record.facts["precision_built"] == "fp32"
+        assert record.verified and record.facts.as_dict()["refittable"] and record.facts.as_dict()["precision_built"] == "fp32"
 
 
 def test_refit_sets_every_weight_through_the_onnx_parser_refitter(trt_dir: Path, tmp_path: Path,

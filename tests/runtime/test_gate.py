@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rlopt.backends.base import Runner
+from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
 from rlopt.verify import gate_runner
@@ -18,8 +19,8 @@ TOL = Tolerance(1e-5, 1e-4, 1e-4)
 SHAPES = {"min": (1, 4), "max": (2, 4)}
 SAMPLES = 6
 # two static builds whose output follows the batch dim: padding covers every shape (facts like TVM's)
-BUILDS = {"shape_builds": [{"shapes": {"x": [1, 4]}, "output_shapes": [[1, 2]]},
-                           {"shapes": {"x": [2, 4]}, "output_shapes": [[2, 2]]}]}
+BUILDS = TvmFacts.of({"shape_builds": [{"shapes": {"x": [1, 4]}, "output_shapes": [[1, 2]]},
+                                       {"shapes": {"x": [2, 4]}, "output_shapes": [[2, 2]]}]})
 
 
 def _reference() -> Reference:

@@ -28,7 +28,8 @@ def _cannot_start(monkeypatch: pytest.MonkeyPatch, broken: set[str]) -> None:
 
 
 def test_auto_leaves_out_a_backend_that_cannot_start(tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    routed = set(read_manifest(tiny_compiled).networks["policy"].facts.get("auto_routes", {}).values())
+    route = read_manifest(tiny_compiled).networks["policy"].facts.route
+    routed = route.backends if route is not None else set()
     assert routed - {"torchscript"}, "the recorded route uses a backend the test can break"
     _cannot_start(monkeypatch, set(BACKENDS) - {"torchscript"})
     x = np.random.default_rng(0).standard_normal((2, 3, 32)).astype(np.float32)

@@ -62,4 +62,6 @@ def test_the_json_schema_describes_facts_by_their_typed_models() -> None:
     assert definitions["NetworkRecord"]["properties"]["facts"]["$ref"] == "#/$defs/NetworkFacts"
     refs = {ref["$ref"] for ref in definitions["BackendRecord"]["properties"]["facts"]["anyOf"]}
     assert "#/$defs/TvmFacts" in refs and "#/$defs/OnnxRuntimeFacts" in refs
-    assert definitions["TvmFacts"]["additionalProperties"] is True, "facts not declared are kept, never refused"
+    assert definitions["TvmFacts"]["additionalProperties"] is False, "a fact not declared is refused"
+    assert definitions["NetworkFacts"]["additionalProperties"] is False
+    assert definitions["RoutePlan"]["properties"]["options"]["type"] == "object"

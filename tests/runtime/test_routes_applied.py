@@ -7,11 +7,9 @@ from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import rlopt
-from rlopt.compile.measure import ORT_ONE_THREAD, measure_configurations, named_shapes
-from rlopt.facts import NetworkFacts
+from rlopt.compile.auto import measure_configurations, named_shapes
 from rlopt.manifest import Manifest, read_manifest, write_json
 from rlopt.tools.bench.candidates import load_reference
 
@@ -32,22 +30,23 @@ def _ort_spins(session: rlopt.Session) -> bool:
 
 def _record_route(model_dir: Path, routes: dict[str, str], spinning: bool, threads: int | None = None,
                   shape_threads: dict[str, int] | None = None) -> None:
+    """A RoutePlan as compile would record it: ONNX Runtime's options (spinning off, threads) where they differ."""
     document = json.loads((model_dir / "manifest.json").read_text())
     facts = document["networks"]["policy"]["facts"]
-    facts.update(auto_routes=routes, auto_onnxruntime_spinning=spinning)
-    facts.pop("auto_onnxruntime_threads", None)
-    facts.pop("auto_onnxruntime_shape_threads", None)
+    ort: dict[str, object] = {} if spinning else {"allow_spinning": False}
     if threads:
-        facts["auto_onnxruntime_threads"] = threads
+        ort["intra_op_threads"] = threads
     if shape_threads:
-        facts["auto_onnxruntime_shape_threads"] = shape_threads
+        ort["shape_threads"] = shape_threads
+    facts["route"] = {**facts["route"], "routes": routes, "options": {"onnxruntime": ort} if ort else {}}
     write_json(model_dir / "manifest.json", Manifest.model_validate(document).seal().model_dump(mode="json"))
 
 
 def test_compile_records_what_it_chose_and_why(tiny_compiled: Path) -> None:
     record = read_manifest(tiny_compiled).networks["policy"]
-    facts = NetworkFacts.of(record.facts)
-    choice = facts.auto_choice
+    route = record.facts.route
+    assert route is not None
+    choice = route.choice
     assert choice is not None and choice.reason
     shapes = {"1x1x32", "2x3x32", "4x6x32", "other"}
     tables = [choice.alone_us, choice.together_us] if choice.rounds else [choice.alone_us]
@@ -55,20 +54,23 @@ def test_compile_records_what_it_chose_and_why(tiny_compiled: Path) -> None:
         assert table and all(set(latency) == shapes and min(latency.values()) > 0 for latency in table.values())
     if not choice.rounds:
         assert not choice.together_us
-    assert choice.mixed == (len(set(facts.auto_routes.values())) > 1)
-    assert facts.auto_onnxruntime_spinning is (not choice.mixed)
-    assert record.selected == facts.auto_routes["2x3x32"], "selected: what auto runs at opt"
+    assert choice.mixed == (len(set(route.routes.values())) > 1)
+    spins = route.options.get("onnxruntime", {}).get("allow_spinning") is not False
+    assert "onnxruntime" not in route.backends or spins is (not choice.mixed)
+    assert set(route.options) <= route.backends
+    assert record.selected == route.routes["2x3x32"], "selected: what auto runs at opt"
 
 
 def test_every_candidate_is_timed_alone_and_together_at_every_shape(tiny_compiled: Path) -> None:
     record = read_manifest(tiny_compiled).networks["policy"]
     ctx = SimpleNamespace(staging=tiny_compiled, reference=load_reference(tiny_compiled, record))
     labels = named_shapes(record, ctx.reference) | {"other": "opt"}
+    variants = {"onnxruntime": {"1 thread": {"intra_op_threads": 1}}}
     alone, together, rounds = measure_configurations(ctx, record, ["onnxruntime", "tvm"], labels,  # type: ignore[arg-type]
-                                                     one_thread_ort=True)
+                                                     variants=variants)
     assert rounds >= 1
     for table in (alone, together):
-        assert set(table) == {"onnxruntime", "tvm", ORT_ONE_THREAD}
+        assert set(table) == {"onnxruntime", "tvm", "onnxruntime 1 thread"}
         assert all(set(t) == set(labels) and 0 < min(t.values()) < 1e6 for t in table.values())
     assert set(labels) == {"1x1x32", "2x3x32", "4x6x32", "other"}
 
@@ -106,17 +108,3 @@ def test_auto_runs_the_shapes_compile_gave_other_threads_on_a_session_with_those
             assert all(np.array_equal(session.run(feeds)[k], v) for k, v in named.run(feeds).items())
         assert not named._gen.runners["onnxruntime"]._by_shape, "a named backend runs as built"
     session.close()
-
-
-def test_auto_serves_onnx_runtime_from_both_thread_configurations_and_a_named_backend_from_one(
-        tiny_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlopt.machine import usable_cores
-
-    everywhere = dict.fromkeys(["1x1x32", "2x3x32", "4x6x32", "other"], "onnxruntime")
-    _record_route(tiny_copy, everywhere, spinning=True, threads=1)
-    monkeypatch.delenv("RLOPT_ORT_ADAPTIVE", raising=False)
-    assert not rlopt.load(tiny_copy, "policy")._gen.runners["onnxruntime"]._sessions, "opt-in"
-    monkeypatch.setenv("RLOPT_ORT_ADAPTIVE", "1")
-    sessions = rlopt.load(tiny_copy, "policy")._gen.runners["onnxruntime"]._sessions
-    assert list(sessions) == (["1 thread", "default pool"] if usable_cores() > 1 else [])
-    assert not rlopt.load(tiny_copy, "policy", backend="onnxruntime")._gen.runners["onnxruntime"]._sessions

@@ -275,3 +275,16 @@ def test_model_section_errors(model: str, tmp_path: Path, capsys: pytest.Capture
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "model" in lines[0] and "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_recurrent_ppo_actor_builds_on_tvm_and_follows_predict_over_a_rollout(
+        agents_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    zip_path, _, env_id = agent_files(agents_dir, "recurrent")
+    code, stdout, stderr = run_cli(["compile", str(zip_path), "-o", str(tmp_path / "out"), "--env", env_id,
+                                    "--backend", "tvm", "--no-cache", "--json"], capsys)
+    assert code == 0, stderr
+    actor = json.loads(stdout)["manifest"]["networks"]["actor"]
+    tvm = actor["artifacts"]["tvm"]
+    assert tvm.get("skipped") is None and tvm["parity"]["passed"], tvm
+    assert actor["facts"]["rollout"]["tvm"]["passed"] and actor["facts"]["rollout"]["tvm"]["steps"] == 1000

@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlopt.compile.sources import add_rollout_point, stored_recipe  # noqa: E402
+from rlopt.compile.sources import stored_recipe  # noqa: E402
 from rlopt.recipe import load_recipe  # noqa: E402
-from rlopt.reference import Reference, evenly_spaced  # noqa: E402
+from rlopt.reference import Reference, add_rollout_point, evenly_spaced  # noqa: E402
 
 RECIPE = """name: agent
 model: {{sb3: {zip}, vecnormalize: {pkl}}}

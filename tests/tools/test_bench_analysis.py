@@ -15,7 +15,8 @@ def test_rows_are_fastest_first_with_ratios_to_the_best_onnxruntime() -> None:
     first_ms = dict.fromkeys(samples, 2.0)
     candidates = [("onnxruntime 1 thread", "baseline"), ("onnxruntime 2 threads", "baseline"), ("rlopt tvm", "rlopt"),
                   ("silent", "test")]
-    results, ort_best = shape_results(samples, first_ms, candidates, gflop=0.002)
+    results, ort_best = shape_results(samples, first_ms, candidates, gflop=0.002,
+                                      yardsticks={"onnxruntime 1 thread", "onnxruntime 2 threads"})
     assert ort_best == "onnxruntime 2 threads"
     assert [r.candidate for r in results] == ["rlopt tvm", "onnxruntime 2 threads", "onnxruntime 1 thread"]
     tvm = results[0]
@@ -23,6 +24,17 @@ def test_rows_are_fastest_first_with_ratios_to_the_best_onnxruntime() -> None:
     assert tvm.p99_us == pytest.approx(np.percentile([1.0] * 13 + [9.0], 99), abs=0.01)
     assert tvm.gflops_per_s == pytest.approx(0.002 / 1e-6) and tvm.first_call_ms == 2.0
     assert rounds_of({k: v for k, v in samples.items() if v.size}, 7) == 2 and rounds_of({}, 7) == 0
+
+
+def test_the_yardstick_candidates_are_onnx_runtime_sessions_and_rlopts_onnx_runtime_backend() -> None:
+    from rlopt.tools.bench.candidates import CandidateSpec, is_yardstick
+
+    def spec(kind: str, backend: str | None = None) -> CandidateSpec:
+        return CandidateSpec("c", "g", "", kind, "dir", "policy", backend=backend)  # type: ignore[arg-type]
+
+    assert is_yardstick(spec("onnx session")) and is_yardstick(spec("rlopt", "onnxruntime"))
+    assert not any(is_yardstick(s) for s in (spec("rlopt", "tvm"), spec("rlopt", "auto"), spec("eager"),
+                                               spec("torchscript module")))
 
 
 def test_no_onnxruntime_means_no_ratio() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from rlopt.facts import ArtifactFacts, RoutePlan
 from rlopt.manifest import BackendRecord, NetworkRecord, read_manifest
 from rlopt.tools.diff.compare import (
     NEW,
@@ -68,7 +69,7 @@ def test_backend_status_names_every_state(policy: NetworkRecord) -> None:
     failed = verified.model_copy(deep=True)
     assert failed.parity is not None
     failed.parity.passed = False
-    unverified = verified.model_copy(update={"facts": verified.facts | {"verified": False}})
+    unverified = verified.model_copy(update={"facts": verified.facts.updated(verified=False)})
     assert [backend_status(r) for r in (verified, failed, unverified, BackendRecord(skipped="no GPU"), None)] == [
         "verified", "failed parity", "built, not verified here", "skipped: no GPU", None]
 
@@ -86,7 +87,8 @@ def with_artifacts(record: NetworkRecord, **artifacts: BackendRecord | None) -> 
 def test_backend_changes_and_file_changes(policy: NetworkRecord) -> None:
     ort = policy.artifacts["onnxruntime"]
     rebuilt = ort.model_copy(update={"sha256": "0" * 64})
-    old = with_artifacts(policy, torchscript=ort.model_copy(update={"path": "policy/old-only.bin", "sha256": "1" * 64}))
+    old = with_artifacts(policy, torchscript=ort.model_copy(update={"path": "policy/old-only.bin", "sha256": "1" * 64,
+                                                                   "facts": ArtifactFacts()}))
     new = with_artifacts(policy, onnxruntime=rebuilt, tensorrt=BackendRecord(skipped="no GPU"))
     changes = {c.name: c for c in backend_changes(old, new)}
     assert (changes["torchscript"].old, changes["torchscript"].new) == ("verified", None)
@@ -99,18 +101,18 @@ def test_backend_changes_and_file_changes(policy: NetworkRecord) -> None:
 
 def test_routes_by_shape_label_with_onnxruntime_threads_and_changes(policy: NetworkRecord) -> None:
     new = policy.model_copy(deep=True)
-    new.facts.update(auto_routes={"1x1x32": "tvm", "2x3x32": "onnxruntime", "other": "onnxruntime"},
-                     auto_onnxruntime_threads=1, auto_onnxruntime_shape_threads={"4x6x32": 0},
-                     auto_onnxruntime_spinning=True)
+    routes = {"1x1x32": "tvm", "2x3x32": "onnxruntime", "other": "onnxruntime"}
+    ort_options = {"intra_op_threads": 1, "shape_threads": {"4x6x32": 0}}
+    new.facts = new.facts.updated(route=RoutePlan(routes=routes, options={"onnxruntime": ort_options}))
     new.selected = "tvm"
     assert route_at(new, {"input0": [1, 1, 32]}) == "tvm"
     assert route_at(new, {"input0": [2, 3, 32]}) == "onnxruntime (1 thread)"
     assert route_at(new, {"input0": [4, 6, 32]}) == "onnxruntime (pool)"  # no route of its own: `other`'s backend
-    new.facts["auto_onnxruntime_spinning"] = False
+    new.facts = new.facts.updated(route=RoutePlan(routes=routes, options={
+        "onnxruntime": {**ort_options, "allow_spinning": False}}))
     assert route_at(new, {"input0": [2, 2, 32]}) == "onnxruntime (1 thread, not spinning)"
     old = policy.model_copy(deep=True)
-    old.facts.update(auto_routes={"1x1x32": "onnxruntime", "2x3x32": "onnxruntime", "other": "onnxruntime"},
-                     auto_onnxruntime_threads=None, auto_onnxruntime_shape_threads={})
+    old.facts = old.facts.updated(route=RoutePlan(routes={label: "onnxruntime" for label in routes}))
     changed = {c.name: (c.old, c.new) for c in route_changes(old, new) if c.changed}
     assert changed == {"selected": ("onnxruntime", "tvm"), "1x1x32": ("onnxruntime (pool)", "tvm"),
                        "2x3x32": ("onnxruntime (pool)", "onnxruntime (1 thread, not spinning)"),
@@ -142,7 +144,7 @@ def test_compare_network_lines_name_network_shape_and_figure(policy: NetworkReco
 
 def test_dropped_and_failed_backends(policy: NetworkRecord) -> None:
     ort = policy.artifacts["onnxruntime"]
-    old = with_artifacts(policy, torchscript=ort.model_copy(update={"path": "policy/model.ts"}))
+    old = with_artifacts(policy, torchscript=ort.model_copy(update={"path": "policy/model.ts", "facts": ArtifactFacts()}))
     failed = ort.model_copy(deep=True)
     assert failed.parity is not None
     failed.parity.passed, failed.parity.max_abs = False, 0.5

@@ -140,7 +140,7 @@ def h_new_of(result: object) -> np.ndarray:
     return np.asarray(value.detach() if hasattr(value, "detach") else value)
 
 
-@pytest.mark.parametrize("kind", ["rlopt", "onnxruntime", "torchscript"])
+@pytest.mark.parametrize("kind", ["rlopt", "onnx session", "torchscript module"])
 def test_bench_worker_feeds_state_back_between_calls(gru_dir: Path, kind: str) -> None:
     """The worker's request loop in this process: warm at opt, two timed blocks; every call after the first gets
     the previous call's output state."""

@@ -210,7 +210,7 @@ def test_ids_without_a_recipe_range_are_drawn_from_the_rows_of_their_table() -> 
     """The default 0-9 would leave a 3-row table, and Session.run refuses ids outside `index_range`."""
     from rlopt.manifest import InputProfile, NetworkRecord
     from rlopt.tools.warmup.driver import _request_inputs
-    from rlopt.tools.warmup.profile import RequestSpec, WarmupProfile
+    from rlopt.warmup_profile import RequestSpec, WarmupProfile
 
     profile = WarmupProfile(network="net", requests=[RequestSpec(weight=1, shapes={"ids": [256, 8]})])
     ids = InputProfile(dtype="int64", min=[1, 8], opt=[4, 8], max=[256, 8], index_range=[0, 2])

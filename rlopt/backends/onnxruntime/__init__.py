@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlopt.backends.base import Backend, module_missing
+from rlopt.backends.base import module_missing
+from rlopt.backends.capability import Backend, TritonModel
+from rlopt.backends.onnxruntime.config import OnnxRuntimeConfig
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, OnnxRuntimeFacts
 from rlopt.machine import gpu_absent_reason
 
@@ -23,15 +25,25 @@ def _threads(facts: OnnxRuntimeFacts) -> int | str:
     return facts.intra_op_threads or "ONNX Runtime default (one per physical core)"
 
 
-def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
+def _one_thread(facts: OnnxRuntimeFacts) -> OnnxRuntimeFacts:
     """One session on the calling thread: ONNX Runtime's intra-op pool is per session."""
-    return {**facts, "intra_op_threads": 1, "shape_threads": {}, "adaptive_threads": False, "allow_spinning": None}
+    return facts.updated(intra_op_threads=1, shape_threads={}, allow_spinning=None)
+
+
+def _upgrade_v1_facts(network: dict[str, Any]) -> dict[str, Any]:
+    from rlopt.backends.onnxruntime.auto import upgrade_v1_facts
+
+    return upgrade_v1_facts(network)
 
 
 BACKEND = Backend(
     name="onnxruntime", module="onnxruntime",
     runner="rlopt.backends.onnxruntime.runner:OnnxRuntimeRunner",
-    unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts,
-    triton_platform=("onnxruntime_onnx", "model.onnx"),
     stages=("rlopt.backends.onnxruntime.stages:OnnxRuntimeCheck",),
-    refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread)
+    unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts, config=OnnxRuntimeConfig,
+    distributions=(("onnxruntime", ("onnxruntime", "onnxruntime-gpu")),), pads_gemm=lambda config: False,
+    triton=TritonModel(platform="onnxruntime_onnx", filename="model.onnx"),
+    refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread,
+    # its pool spins between calls: beside another backend's pool it would starve it, so a mixed route stops it
+    mixed_options={"allow_spinning": False}, timed_apart=True, auto="rlopt.backends.onnxruntime.auto:THREADS",
+    upgrade_v1_facts=_upgrade_v1_facts)

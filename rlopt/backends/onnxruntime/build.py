@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlopt.backends.onnxruntime.config import OnnxRuntimeConfig
 from rlopt.backends.onnxruntime.facts import CPU_PROVIDER, CUDA_PROVIDER, OnnxRuntimeFacts
-from rlopt.backends.onnxruntime.session import with_options
-from rlopt.errors import BackendUnavailable
+from rlopt.errors import BackendUnavailable, StageError
 from rlopt.lazy import require
-from rlopt.recipe import OnnxRuntimeConfig
+from rlopt.onnx_session import make_session
 from rlopt.stages.base import StageOutput
 
 TENSORRT_PROVIDER = "TensorrtExecutionProvider"
@@ -45,15 +45,9 @@ def check_onnxruntime(onnx_path: Path, config: OnnxRuntimeConfig) -> StageOutput
     if missing:
         raise BackendUnavailable(f"ONNX Runtime here has providers {available}, not {missing} "
                                  f"(onnxruntime {ort.__version__}); never falling back silently")
-    extra = gpu_facts(config)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    providers = with_options(config.providers, OnnxRuntimeFacts.of(
-        {"providers": config.providers, "tf32": extra.get("tf32")}).provider_options)
-    session = ort.InferenceSession(str(onnx_path), sess_options=options, providers=providers)
-    got = session.get_providers()
-    if any(p not in got for p in config.providers):
-        raise BackendUnavailable(f"ONNX Runtime session has providers {got}, not {config.providers}; "
-                                 "never falling back silently")
-    return StageOutput(onnx_path, {"providers": list(config.providers), "graph_optimization": "ORT_ENABLE_ALL",
-                                   "onnxruntime": ort.__version__, **extra})
+    facts = OnnxRuntimeFacts(providers=list(config.providers), graph_optimization="ORT_ENABLE_ALL",
+                             onnxruntime=ort.__version__, **gpu_facts(config))
+    # the session the runner will open: a missing provider is a skip; a graph ONNX Runtime cannot load, a failed build
+    make_session(onnx_path, providers=facts.session_providers, provider_options=facts.provider_options,
+                 cannot_load=(StageError, "leave onnxruntime out of this recipe's backends"))
+    return StageOutput(onnx_path, facts)

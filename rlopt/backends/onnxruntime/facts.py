@@ -7,10 +7,10 @@ from typing import Any
 from pydantic import Field
 
 from rlopt.facts import ArtifactFacts
+from rlopt.onnx_session import CPU_PROVIDER
 
-CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
-SECOND_SESSION_MAX_BYTES = 256 << 20  # a larger graph is not held twice in memory (shape_threads, adaptive_threads)
+SECOND_SESSION_MAX_BYTES = 256 << 20  # a larger graph is not held twice in memory (shape_threads)
 
 
 class OnnxRuntimeFacts(ArtifactFacts):
@@ -22,10 +22,8 @@ class OnnxRuntimeFacts(ArtifactFacts):
         None, description="False: the pool does not spin between calls (a mixed `auto` route, as compile measured it)")
     shape_threads: dict[str, int] = Field(
         default_factory=dict, description="`auto`: intra-op threads per shape label where they differ from "
-                                          "intra_op_threads (0: ONNX Runtime's default pool), each a session of its own")
-    adaptive_threads: bool | None = Field(
-        None, description="`auto` at load: a one-thread and a default-pool session, each calling thread serving from "
-                          "the faster at each shape, timed again now and then (only with RLOPT_ORT_ADAPTIVE=1)")
+                                          "intra_op_threads (0: ONNX Runtime's default pool), each a session of its "
+                                          "own (set by `auto`'s route, RoutePlan.options)")
     graph_optimization: str | None = None
     onnxruntime: str | None = Field(None, description="the ONNX Runtime version that proved the session")
     int8: dict[str, Any] | None = Field(None, description="dynamic quantization's report, when int8 was asked for")
@@ -34,6 +32,12 @@ class OnnxRuntimeFacts(ArtifactFacts):
     @property
     def session_providers(self) -> list[str]:
         return list(self.providers or [CPU_PROVIDER])
+
+    def route_detail(self, label: str) -> str:
+        """Its intra-op threads at `label` ('1 thread', 'N threads', 'pool') and whether the pool spins."""
+        threads = self.shape_threads.get(label, self.intra_op_threads or 0)
+        text = "1 thread" if threads == 1 else f"{threads} threads" if threads else "pool"
+        return text + (", not spinning" if self.allow_spinning is False else "")
 
     @property
     def provider_options(self) -> dict[str, dict[str, str]]:

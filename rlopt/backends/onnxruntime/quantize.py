@@ -21,10 +21,9 @@ from rlopt.timing import measure
 
 
 def _session(path: Path) -> Any:
-    ort = require("onnxruntime")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    from rlopt.onnx_session import make_session
+
+    session = make_session(path)
     names = [o.name for o in session.get_outputs()]
     return lambda feeds: list(session.run(names, feeds))
 

@@ -8,20 +8,20 @@ against the reduced-precision gate recorded in its facts.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from rlopt.backends.base import RefitInputs
+from rlopt.facts import ArtifactFacts
 from rlopt.errors import StageError, first_line, located
 from rlopt.lazy import require
 
 
-def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
-    facts = inputs.facts.as_dict()
+def refit_artifact(inputs: RefitInputs) -> ArtifactFacts:
+    facts = inputs.facts
     rewritten = [p.name for p in (inputs.onnx_path, inputs.padded_onnx_path) if p is not None]
     if inputs.artifact in rewritten:
         return facts
     path = inputs.network_dir / inputs.artifact
-    if facts.get("precision_built") != "int8":
+    if facts.precision_built != "int8":
         raise StageError(located(path, "onnxruntime", "the artifact is neither the exported graph nor its int8 "
                                  "copy", "recompile the MODEL_DIR"))
     quantization = require("onnxruntime.quantization")

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
+from rlopt.stages.base import Context, Stage, StageOutput
 
 
 class OnnxRuntimeCheck(Stage):
     name, inputs, outputs = "onnxruntime", ("model.onnx", "model.padded.onnx"), ("onnxruntime",)
+    facts_model = OnnxRuntimeFacts
     helpers = ("rlopt.backends.onnxruntime.build", "rlopt.backends.onnxruntime.quantize")
 
     def upstream(self, ctx: Context) -> dict[str, Any]:
@@ -23,12 +25,11 @@ class OnnxRuntimeCheck(Stage):
         if ctx.spec.precision != "int8":
             return check_onnxruntime(source, ctx.recipe.onnxruntime)
         from rlopt.backends.onnxruntime.quantize import quantize_int8
-        from rlopt.compile.gpu_path import tolerance_for
 
         quantized = quantize_int8(source, ctx.dir / "model.int8.onnx", ctx.reference, kind=ctx.spec.kind,
                                   distribution=ctx.spec.distribution,
-                                  gate=tolerance_for({"precision_built": "int8"}, ctx.recipe.verify),
+                                  gate=ctx.recipe.verify.gate_for("int8")[0],
                                   recipe_path=ctx.recipe_path, network=ctx.name)
         assert quantized.artifact is not None
-        return StageOutput(quantized.artifact, {**check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime).facts,
-                                                **quantized.facts})
+        checked = check_onnxruntime(quantized.artifact, ctx.recipe.onnxruntime)
+        return StageOutput(quantized.artifact, checked.facts.updated(**quantized.facts))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlopt.backends.base import Backend
+from rlopt.backends.capability import Backend, TritonModel
 from rlopt.backends.openvino.facts import OpenVinoFacts
 
 
@@ -21,15 +19,16 @@ def _threads(facts: OpenVinoFacts) -> int | str:
     return f"OpenVINO default for {facts.performance_hint}{chosen}"
 
 
-def _one_thread(facts: dict[str, Any]) -> dict[str, Any]:
+def _one_thread(facts: OpenVinoFacts) -> OpenVinoFacts:
     """INFERENCE_NUM_THREADS is per compiled model: a runner opened with 1 computes on one thread."""
-    return {**facts, "inference_num_threads": 1}
+    return facts.updated(inference_num_threads=1)
 
 
 BACKEND = Backend(
     name="openvino", module="openvino",
     runner="rlopt.backends.openvino.runner:OpenVinoRunner",
-    unavailable=_unavailable, threads=_threads, facts=OpenVinoFacts, native=True,
-    triton_platform=("openvino", "model.xml"), triton_config="rlopt.backends.openvino.triton:triton_config",
     stages=("rlopt.backends.openvino.stages:OpenVinoConvert",),
+    unavailable=_unavailable, threads=_threads, facts=OpenVinoFacts, native=True,
+    distributions=(("openvino", ("openvino",)),), pads_gemm=lambda config: False,
+    triton=TritonModel(backend="openvino", filename="model.xml", rules="rlopt.backends.openvino.triton:triton_config"),
     refit="rlopt.backends.openvino.refit:refit_artifact", one_thread=_one_thread)

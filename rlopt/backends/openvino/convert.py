@@ -72,7 +72,7 @@ def choose_precision(requested: str, capabilities: list[str]) -> tuple[str, str,
 
 def build_openvino(onnx_path: Path, folder: Path, spec: Any, *, recipe_path: Path, network: str) -> StageOutput:
     """`folder/model.xml` from `onnx_path`, compiled once for the CPU here with the runner's settings."""
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
 
     ov = import_openvino()
     xml_path = folder / IR_NAME
@@ -90,8 +90,8 @@ def build_openvino(onnx_path: Path, folder: Path, spec: Any, *, recipe_path: Pat
         raise StageError(located(recipe_path, f"networks.{network}", f"OpenVINO {ov.__version__} cannot compile "
                                  f"the converted IR for the CPU ({first_line(exc)})",
                                  "leave openvino out of this recipe's backends")) from None
-    weights = file_record(folder.parent, xml_path.with_suffix(".bin")).model_dump(mode="json")
-    return StageOutput(xml_path, {**facts.as_dict(), "threads_at_build": threads, "weights": weights})
+    weights = file_record(folder.parent, xml_path.with_suffix(".bin"))
+    return StageOutput(xml_path, facts.updated(threads_at_build=threads, weights=weights))
 
 
 __all__ = ["IR_NAME", "build_openvino", "cache_key", "choose_precision", "convert_ir", "input_bounds"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rlopt.facts import ArtifactFacts, FileRef
+from rlopt.facts import ArtifactFacts
+from rlopt.files import FileRecord
 
 # OpenVINO's INFERENCE_PRECISION_HINT per precision a recipe can ask for (int8 needs NNCF: not built)
 HINTS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
@@ -16,7 +17,7 @@ class OpenVinoFacts(ArtifactFacts):
     """An OpenVINO IR: `model.xml` (the artifact) and the weights file beside it, compiled for the CPU at load."""
 
     onnx: str | None = Field(None, description="the ONNX file converted (model.onnx or model.padded.onnx)")
-    weights: FileRef | None = Field(None, description="model.bin, the IR's weights: loaded and checked with it")
+    weights: FileRecord | None = Field(None, description="model.bin, the IR's weights: loaded and checked with it")
     input_bounds: dict[str, list[list[int]]] = Field(
         default_factory=dict, description="input -> [lo, hi] per dim: the partial shape the IR was converted with")
     device: str = Field("CPU", description="the OpenVINO device the runner compiles for")
@@ -28,7 +29,7 @@ class OpenVinoFacts(ArtifactFacts):
     threads_at_build: int | None = Field(None, description="the threads OpenVINO chose when the build compiled it")
     openvino: str | None = Field(None, description="the OpenVINO version that converted the IR")
 
-    def companion_files(self) -> list[FileRef]:
+    def companion_files(self) -> list[FileRecord]:
         return [self.weights] if self.weights is not None else []
 
 

@@ -8,7 +8,6 @@ weights would write, and the refit's gate then checks them like every artifact.
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from rlopt.backends.base import RefitInputs
 from rlopt.backends.openvino.facts import OpenVinoFacts
@@ -17,10 +16,10 @@ from rlopt.errors import ArtifactError, located
 REBUILD = "recompile the MODEL_DIR with 'rlopt compile RECIPE -o MODEL_DIR'"
 
 
-def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
+def refit_artifact(inputs: RefitInputs) -> OpenVinoFacts:
     """Write the new model.xml and model.bin in `inputs.network_dir`; returns the facts with the new weights file."""
     from rlopt.backends.openvino.convert import convert_ir
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
 
     facts = OpenVinoFacts.of(inputs.facts)
     xml_path = inputs.network_dir / inputs.artifact
@@ -36,7 +35,7 @@ def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
     weights = xml_path.with_suffix(".bin")
     record = file_record(_model_dir(inputs.network_dir, facts.weights.path), weights)
     updated = facts.weights.model_copy(update=record.model_dump())
-    return facts.model_copy(update={"weights": updated}).as_dict()
+    return facts.updated(weights=updated)
 
 
 def _model_dir(network_dir: Path, recorded: str) -> Path:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.backends.openvino.facts import OpenVinoFacts
+from rlopt.stages.base import Context, Stage, StageOutput
 
 
 class OpenVinoConvert(Stage):
     """`model.xml` + `model.bin`; cached by graph, weights and `convert.cache_key` (bounds, precision, OpenVINO)."""
 
     name, inputs, outputs = "openvino", ("model.onnx", "model.padded.onnx"), ("openvino",)
-    cached = True
+    cached, facts_model = True, OpenVinoFacts
     helpers = ("rlopt.backends.openvino.convert", "rlopt.backends.openvino.facts", "rlopt.backends.openvino.library")
 
     def upstream(self, ctx: Context) -> dict[str, Any]:

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlopt.compile.triton import Enum
+from rlopt.pbtxt import Enum
 
 PARAMETERS = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
 
 
-def triton_config(config: dict[str, Any]) -> dict[str, Any]:
+def triton_config(config: dict[str, Any], profiles: Any) -> dict[str, Any]:
     """The generic ModelConfig (rlopt.compile.triton.model_config) made one for Triton's OpenVINO backend."""
     out = dict(config)
-    platform = out.pop("platform")
-    out = {"name": out.pop("name"), "backend": platform, **out}
     if out["max_batch_size"] > 0:  # batching only where dim 0 is every tensor's dynamic batch: it is -1 again
         out["input"] = [{**tensor, "dims": [-1, *tensor["dims"]]} for tensor in out["input"]]
         out["output"] = [{**tensor, "dims": [-1, *tensor["dims"]]} for tensor in out["output"]]

@@ -18,6 +18,7 @@ from rlopt.backends.tensorrt import gate
 from rlopt.errors import BackendUnavailable
 from rlopt.machine import gpu_identity
 from rlopt.stages.base import StageOutput
+from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.backends.tensorrt.plan import TensorRTPlan
 
 
@@ -46,4 +47,4 @@ def build_engine(onnx_path: Path, plan: TensorRTPlan, out_dir: Path, *, recipe_p
              "gpu": gpu_identity()}
     if notice:
         facts["notice"] = notice
-    return StageOutput(out_dir / "model.plan", facts)
+    return StageOutput(out_dir / "model.plan", TensorRTFacts(**facts))

@@ -1,10 +1,8 @@
-"""The TensorRT build plan: optimization profiles, precision and builder settings, checked before any build.
+"""The TensorRT build plan: the network's shape profiles plus precision and builder settings, checked before any
+build.
 
-Made from the recipe and validated against the ONNX graph's inputs (names, dtypes, ranks, and
-every static dim), so a bad profile is one located recipe error here, not a TensorRT failure
-minutes into a build on a GPU machine. The same profile objects also drive the Triton configs
-(`rlopt.compile.triton`): a config whose dims or batch size disagree with the engine cannot be written.
-Needs no TensorRT and no GPU.
+The profiles are the front end's (`rlopt.stages.profiles`: validated against the ONNX graph on every machine); the
+settings come from the recipe's `tensorrt` section and the network's precision. Needs no TensorRT and no GPU.
 """
 
 from __future__ import annotations
@@ -13,68 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlopt.errors import RecipeError, StageError, located
-from rlopt.recipe import NetworkSpec, Precision, TensorRTConfig
+from rlopt.backends.tensorrt.config import TensorRTConfig
+from rlopt.spec import NetworkSpec, Precision
+from rlopt.stages.profiles import (Batching, OnnxInput, OptimizationProfile, ShapeProfiles, ShapeRange,
+                                   make_profiles, onnx_inputs)
 
 # ONNX TensorProto element types by recipe dtype (onnx.TensorProto.FLOAT == 1, ...).
 ONNX_ELEM_TYPES: dict[str, int] = {"float32": 1, "uint8": 2, "int32": 6, "int64": 7, "bool": 9, "float16": 10}
 
 
 @dataclass(frozen=True)
-class ShapeRange:
-    """min/opt/max of one input in one profile."""
-
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
-
-    def point(self, name: str) -> tuple[int, ...]:
-        return {"min": self.min, "opt": self.opt, "max": self.max}[name]
-
-    def dynamic(self, axis: int) -> bool:
-        return self.min[axis] != self.max[axis]
-
-
-@dataclass(frozen=True)
-class OptimizationProfile:
-    """One TensorRT optimization profile: a ShapeRange per network input, in input order."""
-
-    shapes: tuple[tuple[str, ShapeRange], ...]
-
-    def __getitem__(self, name: str) -> ShapeRange:
-        return dict(self.shapes)[name]
-
-    @property
-    def names(self) -> list[str]:
-        return [name for name, _ in self.shapes]
-
-
-@dataclass(frozen=True)
-class OnnxInput:
-    name: str
-    dtype: str
-    dims: tuple[int | str, ...]  # int for a static dim, the dim_param (or "?") for a dynamic one
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How Triton may batch: dim 0 of every input is one shared dynamic batch dim starting at 1, or no batching."""
-
-    max_batch_size: int
-    preferred: tuple[int, ...]
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_batch_size > 0
-
-
-@dataclass(frozen=True)
 class TensorRTPlan:
     """Everything a TensorRT build needs besides the ONNX file, validated."""
 
-    network: str
-    inputs: tuple[OnnxInput, ...]
-    profiles: tuple[OptimizationProfile, ...]
+    shapes: ShapeProfiles
     precision: Precision
     precision_source: str
     workspace_bytes: int
@@ -85,51 +35,34 @@ class TensorRTPlan:
     tf32: bool = False
 
     @property
+    def network(self) -> str:
+        return self.shapes.network
+
+    @property
+    def inputs(self) -> tuple[OnnxInput, ...]:
+        return self.shapes.inputs
+
+    @property
+    def profiles(self) -> tuple[OptimizationProfile, ...]:
+        return self.shapes.profiles
+
+    @property
     def envelope(self) -> OptimizationProfile:
         """Profile 0: the inputs' own min/opt/max, which every other profile lies inside."""
-        return self.profiles[0]
+        return self.shapes.envelope
 
     def batching(self) -> Batching:
-        """Batching Triton can do without ever sending a shape outside profile 0."""
-        envelope = self.envelope
-        ranges = [envelope[name] for name in envelope.names]
-        shared = {(r.min[0], r.max[0]) for r in ranges}
-        first_dims = {i.dims[0] for i in self.inputs if i.dims}
-        if (len(shared) != 1 or any(len(r.min) < 2 or not r.dynamic(0) for r in ranges)
-                or any(isinstance(d, int) for d in first_dims) or len(first_dims) != 1):
-            return Batching(0, ())
-        low, high = shared.pop()
-        if low != 1:
-            return Batching(0, ())
-        preferred = sorted({r.opt[0] for r in ranges} | {high})
-        return Batching(high, tuple(preferred))
+        return self.shapes.batching()
 
     def facts(self) -> dict[str, Any]:
         return {
-            "profiles": [{name: {"min": list(r.min), "opt": list(r.opt), "max": list(r.max)} for name, r in p.shapes}
-                         for p in self.profiles],
+            "profiles": self.shapes.facts(),
             "precision": self.precision, "precision_source": self.precision_source,
             "workspace_mb": self.workspace_bytes >> 20, "refittable": self.refittable,
             "builder_optimization_level": self.builder_optimization_level,
             "timing_cache": str(self.timing_cache) if self.timing_cache else None,
             "time_budget_s": self.time_budget_s, "tf32": self.tf32,
         }
-
-
-def onnx_inputs(model: Any) -> tuple[OnnxInput, ...]:
-    """Graph inputs that are not initializers, with their dtype and dims."""
-    from onnx import helper
-
-    initializers = {init.name for init in model.graph.initializer}
-    found = []
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        tensor = value.type.tensor_type
-        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type).name if tensor.elem_type else "?"
-        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim)
-        found.append(OnnxInput(value.name, dtype, dims))
-    return tuple(found)
 
 
 def effective_precision(spec: NetworkSpec, config: TensorRTConfig) -> tuple[Precision, str]:
@@ -139,73 +72,25 @@ def effective_precision(spec: NetworkSpec, config: TensorRTConfig) -> tuple[Prec
     return config.precision, f"tensorrt.precision ({config.precision})"
 
 
-def _range(dims: dict[str, list[int]]) -> ShapeRange:
-    return ShapeRange(tuple(dims["min"]), tuple(dims["opt"]), tuple(dims["max"]))
-
-
-def _check_profile(profile: OptimizationProfile, index: int, inputs: tuple[OnnxInput, ...],
-                   envelope: OptimizationProfile | None, recipe_path: Path, network: str) -> None:
-    where = f"networks.{network}.profiles[{index - 1}]" if index else f"networks.{network}.inputs"
-    names = [i.name for i in inputs]
-    if sorted(profile.names) != sorted(names):
-        raise RecipeError(located(recipe_path, where, f"profile {index} gives inputs {profile.names}, the ONNX graph "
-                                  f"takes {names}", "give min/opt/max for exactly the graph's inputs"))
-    symbols: dict[str, tuple[int, int, int, str]] = {}
-    for onnx_input in inputs:
-        shape = profile[onnx_input.name]
-        field = f"{where}.{onnx_input.name}"
-        if len(shape.min) != len(onnx_input.dims) or not len(shape.min) == len(shape.opt) == len(shape.max):
-            raise RecipeError(located(recipe_path, field, f"rank {len(shape.min)} but the ONNX input has rank "
-                                      f"{len(onnx_input.dims)} {list(onnx_input.dims)}", "give one value per dim"))
-        for axis, dim in enumerate(onnx_input.dims):
-            lo, mid, hi = shape.min[axis], shape.opt[axis], shape.max[axis]
-            if not 1 <= lo <= mid <= hi:
-                raise RecipeError(located(recipe_path, field, f"dim {axis} needs 1 <= min <= opt <= max, got "
-                                          f"{lo}, {mid}, {hi}", "order the values"))
-            if isinstance(dim, int) and dim > 0 and (lo, mid, hi) != (dim, dim, dim):
-                raise RecipeError(located(recipe_path, field, f"dim {axis} is static {dim} in the ONNX graph, the "
-                                          f"profile gives {lo}..{hi}", f"set min/opt/max of dim {axis} to {dim}"))
-            if isinstance(dim, str) and dim != "?":
-                seen = symbols.setdefault(dim, (lo, mid, hi, onnx_input.name))
-                if seen[:3] != (lo, mid, hi):
-                    raise RecipeError(located(recipe_path, field, f"dim {axis} ('{dim}') is {lo}/{mid}/{hi} but the "
-                                              f"same dim of '{seen[3]}' is {seen[0]}/{seen[1]}/{seen[2]}",
-                                              "give shared dims the same min/opt/max"))
-            if envelope is not None:
-                outer = envelope[onnx_input.name]
-                if not (outer.min[axis] <= lo and hi <= outer.max[axis]):
-                    raise RecipeError(located(recipe_path, field, f"dim {axis} range {lo}..{hi} leaves the inputs' "
-                                              f"range {outer.min[axis]}..{outer.max[axis]}",
-                                              "keep extra profiles inside the inputs' min/max"))
-
-
 def make_plan(spec: NetworkSpec, config: TensorRTConfig, model: Any, *, recipe_path: Path,
               network: str) -> TensorRTPlan:
     """The validated plan for one network; every mismatch with the ONNX graph is a located RecipeError."""
-    inputs = onnx_inputs(model)
-    if [i.name for i in inputs] != list(spec.inputs):
-        raise RecipeError(located(recipe_path, f"networks.{network}.inputs", f"the ONNX graph takes "
-                                  f"{[i.name for i in inputs]}, the recipe names {list(spec.inputs)}",
-                                  "name the inputs in the module's argument order"))
-    for onnx_input in inputs:
-        wanted = spec.inputs[onnx_input.name].dtype
-        if onnx_input.dtype != wanted:
-            raise StageError(located(recipe_path, f"networks.{network}.inputs.{onnx_input.name}.dtype",
-                                     f"the ONNX graph takes {onnx_input.dtype}, the recipe says {wanted}",
-                                     f"set dtype: {onnx_input.dtype}"))
-    envelope = OptimizationProfile(tuple((name, _range({p: s.dims(p) for p in ("min", "opt", "max")}))
-                                         for name, s in spec.inputs.items()))
-    profiles = [envelope]
-    for extra in spec.profiles:
-        profiles.append(OptimizationProfile(tuple((name, _range(r.model_dump())) for name, r in extra.items())))
-    for index, profile in enumerate(profiles):
-        _check_profile(profile, index, inputs, envelope if index else None, recipe_path, network)
+    return plan_for(make_profiles(spec, model, recipe_path=recipe_path, network=network), spec, config,
+                    recipe_path=recipe_path)
+
+
+def plan_for(shapes: ShapeProfiles, spec: NetworkSpec, config: TensorRTConfig, *, recipe_path: Path) -> TensorRTPlan:
+    """The plan for already validated profiles: the recipe's settings resolved (precision, timing cache path)."""
     precision, source = effective_precision(spec, config)
     cache = None
     if config.timing_cache:
         cache = Path(config.timing_cache)
         cache = cache if cache.is_absolute() else (Path(recipe_path).parent / cache)
-    return TensorRTPlan(network=network, inputs=inputs, profiles=tuple(profiles), precision=precision,
-                        precision_source=source.replace("<name>", network), workspace_bytes=config.workspace_mb << 20,
+    return TensorRTPlan(shapes=shapes, precision=precision,
+                        precision_source=source.replace("<name>", shapes.network), workspace_bytes=config.workspace_mb << 20,
                         refittable=config.refittable, builder_optimization_level=config.builder_optimization_level,
                         timing_cache=cache, time_budget_s=config.build_timeout_s, tf32=config.tf32)
+
+
+__all__ = ["ONNX_ELEM_TYPES", "Batching", "OnnxInput", "OptimizationProfile", "ShapeProfiles", "ShapeRange",
+           "TensorRTPlan", "effective_precision", "make_plan", "onnx_inputs", "plan_for"]

@@ -13,18 +13,18 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from rlopt.backends.base import RefitInputs
 from rlopt.backends.tensorrt import gate
+from rlopt.backends.tensorrt.facts import TensorRTFacts
 from rlopt.errors import BackendUnavailable, StageError, located
 
 
-def prepared_graph(inputs: RefitInputs, facts: dict[str, Any], scratch: Path) -> Path:
+def prepared_graph(inputs: RefitInputs, facts: TensorRTFacts, scratch: Path) -> Path:
     """The refitted graph after the build's own TensorRT preparation (same source file, folding and casts)."""
     from rlopt.backends.tensorrt.prepare import prepare_for_tensorrt
 
-    prepared = facts.get("prepared") or {}
+    prepared = facts.prepared or {}
     source = inputs.padded_onnx_path if prepared.get("source") == "model.padded.onnx" else inputs.onnx_path
     if source is None:
         raise StageError(located(inputs.network_dir, "tensorrt", "the engine was built from model.padded.onnx, which "
@@ -36,10 +36,10 @@ def prepared_graph(inputs: RefitInputs, facts: dict[str, Any], scratch: Path) ->
     return out.artifact
 
 
-def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
-    facts = inputs.facts.as_dict()
+def refit_artifact(inputs: RefitInputs) -> TensorRTFacts:
+    facts = TensorRTFacts.of(inputs.facts)
     path = inputs.network_dir / inputs.artifact
-    if not facts.get("refittable"):
+    if not facts.refittable:
         raise StageError(located(path, "tensorrt.refittable", "the engine was built without the REFIT flag",
                                  "set tensorrt.refittable: true in the recipe and recompile"))
     reason = gate.unavailable_reason()
@@ -73,4 +73,4 @@ def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-    return {**facts, "refitted_weights": len(list(refitter.get_all_weights())), "refit": "trt.OnnxParserRefitter"}
+    return facts.updated(refitted_weights=len(list(refitter.get_all_weights())), refit="trt.OnnxParserRefitter")

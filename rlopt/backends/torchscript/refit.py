@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from rlopt.backends.base import RefitInputs
+from rlopt.facts import ArtifactFacts
 from rlopt.lazy import require
 
 
-def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
+def refit_artifact(inputs: RefitInputs) -> ArtifactFacts:
     torch = require("torch")
     path = inputs.network_dir / inputs.artifact
     scripted = torch.jit.load(str(path), map_location="cpu")
     scripted.load_state_dict({key: torch.from_numpy(value.copy()) for key, value in inputs.state.items()})
     torch.jit.save(scripted, str(path))
-    return inputs.facts.as_dict()
+    return inputs.facts

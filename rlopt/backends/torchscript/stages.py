@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.backends.torchscript.facts import TorchScriptFacts
+from rlopt.stages.base import Context, Stage, StageOutput
 
 NOT_APPLIED = "precision int8 not applied: TorchScript on CUDA runs int8 networks in fp32"
 
 
 class TorchScriptArtifact(Stage):
-    name, inputs, outputs = "torchscript", ("model.ts",), ("torchscript",)
+    name, inputs, outputs, facts_model = "torchscript", ("model.ts",), ("torchscript",), TorchScriptFacts
     helpers = ("rlopt.backends.torchscript.cuda.gate",)
 
     def config(self, ctx: Context) -> Any:
@@ -19,10 +20,14 @@ class TorchScriptArtifact(Stage):
 
     def run(self, ctx: Context) -> StageOutput:
         config = ctx.recipe.torchscript
-        facts: dict[str, Any] = {"source": "torch.jit.script"}
+        facts = TorchScriptFacts(source="torch.jit.script")
         if config.device == "cuda":
-            facts.update(cuda_facts(ctx, config.graphs))
+            facts = facts.updated(**cuda_facts(ctx, config.graphs))
         return StageOutput(ctx.artifacts["model.ts"], facts)
+
+    def artifact_identity(self, ctx: Context, out: StageOutput) -> Any:
+        """torch.jit.save writes other bytes for the same module: the scripted graph and weights identify it."""
+        return ctx.keys["module"]
 
 
 def cuda_facts(ctx: Context, graphs: bool) -> dict[str, Any]:

@@ -26,10 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from rlopt.errors import BackendUnavailable, StageError, located
+from rlopt.errors import BackendUnavailable, RecipeError, StageError, located
 from rlopt.lazy import require
-from rlopt.manifest import shape_label
-from rlopt.recipe import NetworkSpec, TvmConfig
+from rlopt.arrays import shape_label
+from rlopt.backends.tvm.config import TvmConfig
+from rlopt.backends.tvm.facts import TvmFacts
+from rlopt.spec import NetworkSpec
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.importer import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
                                      tensorize_shape_comparisons)
@@ -46,7 +48,8 @@ def target_slug(target: dict[str, Any]) -> str:
     return target_key(target)
 
 
-def _first_line(exc: BaseException) -> str:
+def _error_line(exc: BaseException) -> str:
+    """The line that says what went wrong: TVM's errors put its C++ backtrace first and the error itself last."""
     text = str(exc).strip()
     return text.splitlines()[-1] if text else type(exc).__name__
 
@@ -57,19 +60,20 @@ def _compile(mod: Any, target: Any, out_path: Path, recipe_path: Path, network: 
         tvm.compile(mod, target).export_library(str(out_path))
     except Exception as exc:  # the TVM compiler raises many error types
         raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot compile the ONNX model: "
-                                 f"{_first_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
+                                 f"{_error_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
                                  "or drop tvm from backends")) from None
 
 
 def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe_path: Path,
-            network: str) -> tuple[Any, dict[str, Any]]:
+            network: str, spec: NetworkSpec | None = None) -> tuple[Any, dict[str, Any]]:
+    bounds = None if spec is None else tuple({n: s.dims(p) for n, s in spec.inputs.items()} for p in ("min", "max"))
     try:
-        return import_relax(model, target, shapes, weights_as_params=True)
+        return import_relax(model, target, shapes, weights_as_params=True, bounds=bounds)
     except BackendUnavailable:  # an op the frontend has no converter for: TVM is skipped, the others go on
         raise
     except Exception as exc:  # the TVM frontend raises many error types
         raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot import the ONNX model: "
-                                 f"{_first_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
+                                 f"{_error_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
                                  "or drop tvm from backends")) from None
 
 
@@ -219,12 +223,12 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     try:
         target_dict = resolve_target(config.target)
         target = tvm.target.Target(target_dict)
-    except Exception as exc:  # tvm raises its own error types for a bad target dict
-        raise StageError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
+    except Exception as exc:  # tvm raises its own error types for a bad target dict: the recipe's, exit 2
+        raise RecipeError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
                                  "give a TVM JSON target dict such as {kind: llvm, mcpu: znver4}")) from None
     model = onnx.load(str(onnx_path))
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
-    mod, imported = _import(model, target, None, recipe_path, network)
+    mod, imported = _import(model, target, None, recipe_path, network, spec)
     mod, imported["rule_kernels"], _ = _scheduled_by_rules(mod, target, config)
     mod = fold_weight_layouts(mod, weights_as_params=True)
     out_path = out_dir / f"tvm-{slug}.so"
@@ -241,7 +245,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                target_dict: dict[str, Any], config: TvmConfig, out_dir: Path, out_path: Path, slug: str,
                recipe_path: Path, network: str, spec: NetworkSpec | None, onnx_name: str) -> StageOutput:
     tvm = require("tvm")
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
     from rlopt.backends.tvm.database import (Workload, apply_database, choose_database, database_dir, file_slug,
                                              open_database, profile_shapes, target_key)
     from rlopt.backends.tvm.tuning import tune_workloads
@@ -256,7 +260,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
     if spec is None:
         dynamic.result()
         facts["params"] = _write_params(out_dir, slug, weights, onnx_name, recipe_path, network)
-        return StageOutput(out_path, facts)
+        return StageOutput(out_path, TvmFacts(**facts))
 
     workloads = [Workload(network, points, shapes, model) for points, shapes in profile_shapes(spec)]
     choice = choose_database(recipe_path, target_dict)
@@ -313,7 +317,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                            + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
                               else "") + _rules_summary(builds)),
     })
-    return StageOutput(out_path, facts)
+    return StageOutput(out_path, TvmFacts(**facts))
 
 
 def _rules_summary(builds: list[dict[str, Any]]) -> str:
@@ -344,7 +348,7 @@ def _merge_weights(known: dict[str, Any], more: dict[str, Any], recipe_path: Pat
 def _write_params(out_dir: Path, slug: str, weights: dict[str, Any], onnx_name: str, recipe_path: Path,
                   network: str) -> dict[str, Any]:
     """The params file beside the libraries and its facts (file record, source ONNX, names)."""
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
     from rlopt.backends.tvm.params import write_params
 
     path = out_dir / f"tvm-{slug}.params.npz"

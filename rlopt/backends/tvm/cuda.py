@@ -26,15 +26,12 @@ from typing import Any
 from rlopt.errors import BackendUnavailable, RecipeError, StageError, first_line, located
 from rlopt.lazy import require
 from rlopt.machine import gpu_identity
-from rlopt.recipe import Precision, TvmConfig
+from rlopt.backends.tvm.config import TvmConfig
+from rlopt.backends.tvm.facts import TvmFacts
+from rlopt.spec import Precision
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.build import fused_kernels, target_slug, tensorize_shape_comparisons
 
-CUDA_KINDS = ("cuda",)
-
-
-def is_cuda_target(target: dict[str, Any]) -> bool:
-    return str(target.get("kind")) in CUDA_KINDS
 
 
 def find_nvcc() -> str | None:
@@ -105,8 +102,8 @@ def build_tvm_cuda(onnx_path: Path, config: TvmConfig, out_dir: Path, *, precisi
     target_dict.setdefault("host", {"kind": "llvm"})
     try:
         target = tvm.target.Target(target_dict)
-    except Exception as exc:  # tvm raises its own error types for a bad target dict
-        raise StageError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
+    except Exception as exc:  # tvm raises its own error types for a bad target dict: the recipe's, exit 2
+        raise RecipeError(located(recipe_path, "tvm.target", f"TVM rejects {config.target} ({str(exc).splitlines()[0]})",
                                  "give a TVM JSON target dict such as {kind: cuda, arch: sm_86}")) from None
     try:
         mod = from_onnx(model, keep_params_in_input=False)
@@ -152,4 +149,4 @@ def build_tvm_cuda(onnx_path: Path, config: TvmConfig, out_dir: Path, *, precisi
     }
     if notice:
         facts["notice"] = notice
-    return StageOutput(out_path, facts)
+    return StageOutput(out_path, TvmFacts(**facts))

@@ -17,7 +17,7 @@ from typing import Any
 
 from rlopt.errors import StageError, located
 from rlopt.lazy import require
-from rlopt.recipe import NetworkSpec
+from rlopt.spec import NetworkSpec
 
 TUNING_SUFFIX = ".tuning"
 META_NAME = "meta.json"
@@ -137,7 +137,7 @@ def file_slug(shapes: Shapes) -> str:
 
 def profile_shapes(spec: NetworkSpec) -> list[tuple[list[str], Shapes]]:
     """Distinct static shapes of a network (min/opt/max, then its extra shapes), each with the points it serves."""
-    from rlopt.recipe import PROFILE_POINTS
+    from rlopt.spec import PROFILE_POINTS
 
     found: dict[tuple, tuple[list[str], Shapes]] = {}
     named = [(point, {name: s.dims(point) for name, s in spec.inputs.items()}) for point in PROFILE_POINTS]
@@ -198,7 +198,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 def write_meta(directory: Path, target: dict[str, Any], cost_model: str, workloads: dict[str, Any]) -> None:
     from rlopt.lazy import version_of
-    from rlopt.manifest import write_json
+    from rlopt.files import write_json
 
     meta = read_meta(directory)
     known = dict(meta.get("workloads", {}))
@@ -234,7 +234,7 @@ def prune_records(directory: Path) -> tuple[int, int]:
             best[workload] = (mean, line)
     kept = [best[w][1] for w in sorted(best)]
     if len(kept) < len(lines):
-        from rlopt.manifest import atomic_write_text
+        from rlopt.files import atomic_write_text
 
         atomic_write_text(path, "".join(line + "\n" for line in kept))
     return len(lines), len(kept)

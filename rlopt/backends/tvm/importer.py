@@ -257,48 +257,22 @@ def scheduled_kernels(mod: Any) -> tuple[list[str], list[str]]:
     return sorted(scheduled), sorted(unscheduled)
 
 
-def unsupported_ops(onnx_model: Any) -> list[str]:
-    """'<op> (node <name>)' for each node (subgraphs included) whose default-domain op type Relax's ONNX frontend
-    has no converter for (0.27: LSTM, GRU, RNN, Loop, Scan, ...), so TVM is skipped with the op named."""
-    try:
-        frontend = require("tvm.relax.frontend.onnx.onnx_frontend")
-        supported = set(frontend._get_convert_map()) | {"If"}  # If is converted by the importer itself
-    except Exception:  # a private API that moved: let the import itself report
-        return []
-    found: dict[str, str] = {}
-
-    def visit(graph: Any) -> None:
-        for node in graph.node:
-            if node.domain in ("", "ai.onnx") and node.op_type not in supported:
-                found.setdefault(node.op_type, node.name or (node.output[0] if node.output else "?"))
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    visit(attribute.g)
-                for sub in attribute.graphs:
-                    visit(sub)
-
-    visit(onnx_model.graph)
-    return [f"{op} (node {name})" for op, name in found.items()]
-
-
-def check_supported(onnx_model: Any) -> None:
-    """BackendUnavailable naming the first op the frontend cannot convert; other backends go on."""
-    from rlopt.errors import BackendUnavailable
-
-    missing = unsupported_ops(onnx_model)
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise BackendUnavailable(f"tvm: Relax ONNX frontend has no converter for {missing[0]}{more}")
-
-
-def prepare_onnx(onnx_model: Any, shapes: Shapes | None = None) -> tuple[Any, dict[str, Any]]:
-    """A copy of `onnx_model` rewritten for import (shape comparisons, static Ifs, Gemm weights, dead nodes).
+def prepare_onnx(onnx_model: Any, shapes: Shapes | None = None,
+                 bounds: tuple[Shapes, Shapes] | None = None) -> tuple[Any, dict[str, Any]]:
+    """A copy of `onnx_model` rewritten for import (dynamo's constant forms, LSTM/GRU/RNN unrolled, shape
+    comparisons, static Ifs, Gemm weights, dead nodes). `bounds` (min, max shapes) size a dynamic sequence.
 
     Deterministic, so refit rebuilds the same initializers from a graph with new weights."""
+    from rlopt.backends.tvm.normalize import constants_as_tensors, scalar_reshapes_as_unsqueeze
+    from rlopt.backends.tvm.recurrent import expand_recurrent
+
     onnx = require("onnx")
     model = onnx.ModelProto()
     model.CopyFrom(onnx_model)
-    facts: dict[str, Any] = {"shape_comparisons_tensorized": tensorize_shape_comparisons(model)}
+    constants_as_tensors(model.graph)
+    scalar_reshapes_as_unsqueeze(model)
+    facts: dict[str, Any] = {"recurrent_unrolled": expand_recurrent(model, shapes, bounds),
+                             "shape_comparisons_tensorized": tensorize_shape_comparisons(model)}
     if shapes is not None:
         facts["ifs_folded"] = fold_static_ifs(model, shapes)
     pretranspose_gemm_weights(model)
@@ -327,20 +301,22 @@ def split_weights(model: Any) -> dict[str, np.ndarray]:
     return weights
 
 
-def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *,
-                 weights_as_params: bool = False) -> tuple[Any, dict[str, Any]]:
+def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *, weights_as_params: bool = False,
+                 bounds: tuple[Shapes, Shapes] | None = None) -> tuple[Any, dict[str, Any]]:
     """A fused Relax IRModule (dynamic when `shapes` is None, else static at `shapes`) and import facts.
 
     With `weights_as_params`, `main` takes the weights after the inputs and facts["params"] holds them (name ->
     array, in that order) for the caller to store; the kernels are the same as with baked weights, so tuning
     records apply to both. `onnx_model` is not modified.
     """
+    from rlopt.backends.tvm.normalize import check_supported
+
     relax = require("tvm.relax")
     from_onnx = require("tvm.relax.frontend.onnx").from_onnx
     from rlopt.backends.tvm.fast_sigmoid import fast_sigmoid
 
-    check_supported(onnx_model)
-    model, facts = prepare_onnx(onnx_model, shapes)
+    model, facts = prepare_onnx(onnx_model, shapes, bounds)
+    check_supported(model)  # after the rewrites: an LSTM they unrolled is no longer there
     if weights_as_params:
         facts["params"] = split_weights(model)
     with _IMPORT_LOCK:

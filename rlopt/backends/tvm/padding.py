@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlopt.backends.tvm.facts import ShapeBuild, ShapeKey
+from rlopt.arrays import ShapeKey
 
-if TYPE_CHECKING:  # only for annotations: the runtime's routes import this module without the chain's
+if TYPE_CHECKING:  # only for annotations: the facts' serving_variant imports this module without the chain's
     from rlopt.backends.tvm.chain import KernelChain
 
 Follow = tuple[int, int]  # (input slot, dim)
@@ -53,13 +53,21 @@ class PaddingPlan:
                 for dims in self.follows]
 
 
-def padding_plan(builds: Sequence[ShapeBuild | Mapping[str, Any]], names: list[str]) -> PaddingPlan | None:
-    """The PaddingPlan the static builds allow (each lists its `shapes` and `output_shapes`), or None."""
-    typed = [ShapeBuild.of(b) for b in builds]
-    if len(typed) < 2 or any(not b.output_shapes for b in typed):
+def _shapes(build: Any) -> tuple[Mapping[str, Sequence[int]], list[list[int]] | None]:
+    """A build's input shapes and static output shapes (a ShapeBuild, or its JSON)."""
+    if isinstance(build, Mapping):
+        return build["shapes"], build.get("output_shapes")
+    return build.shapes, build.output_shapes
+
+
+def padding_plan(builds: Sequence[Any], names: list[str]) -> PaddingPlan | None:
+    """The PaddingPlan the static builds allow (each a ShapeBuild, or its JSON, listing `shapes` and
+    `output_shapes`), or None."""
+    read = [_shapes(b) for b in builds]
+    if len(read) < 2 or any(not outputs for _, outputs in read):
         return None
-    ins = [[list(b.shapes[n]) for n in names] for b in typed]
-    outs = [b.output_shapes or [] for b in typed]
+    ins = [[list(shapes[n]) for n in names] for shapes, _ in read]
+    outs = [outputs or [] for _, outputs in read]
     if len({len(o) for o in outs}) != 1:
         return None
     varying = {(slot, d) for slot in range(len(names)) for d in range(len(ins[0][slot]))

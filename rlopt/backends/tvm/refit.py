@@ -43,10 +43,10 @@ def new_weights(onnx_model: Any, facts: TvmFacts) -> dict[str, np.ndarray]:
     return weights
 
 
-def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
+def refit_artifact(inputs: RefitInputs) -> TvmFacts:
     """Write the new params file in `inputs.network_dir` and return the facts to record (its new sha256)."""
     from rlopt.backends.tvm.params import read_params, write_params
-    from rlopt.manifest import file_record
+    from rlopt.files import file_record
 
     facts = TvmFacts.of(inputs.facts)
     artifact = inputs.network_dir / inputs.artifact
@@ -65,7 +65,7 @@ def refit_artifact(inputs: RefitInputs) -> dict[str, Any]:
     write_params(params_path, {name: new[name] for name in facts.params.names})
     record = file_record(_model_dir(inputs.network_dir, facts.params.file.path), params_path)
     updated = facts.params.model_copy(update={"file": facts.params.file.model_copy(update=record.model_dump())})
-    return facts.model_copy(update={"params": updated}).as_dict()
+    return facts.updated(params=updated)
 
 
 def _check_same_layout(old: dict[str, np.ndarray], new: dict[str, np.ndarray], source: Path) -> None:

@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -27,31 +27,10 @@ from rlopt.backends.tvm.facts import ShapeKey, TvmFacts
 from rlopt.backends.tvm.padding import PaddedBucket, PaddedCall, padding_plan
 from rlopt.backends.tvm.stall import StallGuard, fallback_enabled, one_thread_pool, timed, watch_limit_us
 from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
-from rlopt.facts import FileRef
+from rlopt.files import checked_sibling
 from rlopt.lazy import require
 from rlopt.machine import usable_cores
-from rlopt.manifest import shape_label
-
-
-def bucket_files(facts: TvmFacts | Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The files a TVM artifact lists in its facts beside the dynamic library (per-shape libraries, params file),
-    each a dict with path, sha256, bytes."""
-    return [ref.as_dict() for ref in TvmFacts.of(facts).companion_files()]
-
-
-def checked_sibling(primary: Path, record: FileRef) -> Path:
-    """A shape-bucket library next to the (already checked) primary library, after its size and sha256 match."""
-    from rlopt.manifest import sha256_file
-
-    name = PurePosixPath(record.path).name
-    path = primary.parent / name
-    if not name or not path.is_file():
-        raise ArtifactError(located(path, "", "TVM shape-bucket library listed in manifest.json is missing",
-                                    "recompile MODEL_DIR"))
-    if path.stat().st_size != record.bytes or sha256_file(path) != record.sha256:
-        raise ArtifactError(located(path, "sha256", "does not match manifest.json (corrupt or modified)",
-                                    "recompile MODEL_DIR"))
-    return path
+from rlopt.arrays import shape_label
 
 
 def _with_params(main: Any, params: list[Any]) -> Any:

@@ -6,13 +6,14 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.backends.tvm.schedules import MODULES as SCHEDULE_MODULES
-from rlopt.compile.stage import Context, Stage, StageOutput
+from rlopt.stages.base import Context, Stage, StageOutput
 
 
 def tuning_digest(recipe_path: Path) -> str | None:
     """sha256 over the recipe's tuning database (`<recipe>.tuning/`), so a new record invalidates TVM builds."""
-    from rlopt.manifest import sha256_file
+    from rlopt.files import sha256_file
 
     folder = recipe_path.parent / f"{recipe_path.stem}.tuning"
     if not folder.is_dir():
@@ -24,13 +25,11 @@ def tuning_digest(recipe_path: Path) -> str | None:
 
 
 def _is_cuda(ctx: Context) -> bool:
-    from rlopt.backends.tvm.cuda import is_cuda_target
-
-    return is_cuda_target(ctx.recipe.tvm.target)
+    return bool(ctx.recipe.tvm.on_cuda)
 
 
 class _TvmStage(Stage):
-    name, inputs, outputs = "tvm", ("model.onnx", "model.padded.onnx"), ("tvm",)
+    name, inputs, outputs, facts_model = "tvm", ("model.onnx", "model.padded.onnx"), ("tvm",), TvmFacts
 
     def upstream(self, ctx: Context) -> dict[str, Any]:
         source = ctx.onnx_for("tvm")
@@ -38,7 +37,7 @@ class _TvmStage(Stage):
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
         name = out.artifact.name if out.artifact else ""
-        return name + (f" ({out.facts['tuning_summary']})" if out.facts.get("tuning_summary") else "")
+        return name + (f" ({out.facts.tuning_summary})" if out.facts.tuning_summary else "")
 
 
 class TvmCudaBuild(_TvmStage):
@@ -61,8 +60,8 @@ class TvmBuild(_TvmStage):
 
     cached, machine_dependent = True, True
     helpers = ("rlopt.backends.tvm.build", "rlopt.backends.tvm.importer", "rlopt.backends.tvm.database",
-               "rlopt.backends.tvm.cpu_features", "rlopt.backends.tvm.params", "rlopt.backends.tvm.fast_sigmoid",
-               *SCHEDULE_MODULES)
+               "rlopt.backends.tvm.cpu_features", "rlopt.backends.tvm.params", "rlopt.backends.tvm.normalize",
+               "rlopt.backends.tvm.recurrent", "rlopt.backends.tvm.fast_sigmoid", *SCHEDULE_MODULES)
 
     def applies(self, ctx: Context) -> bool:
         return not _is_cuda(ctx)

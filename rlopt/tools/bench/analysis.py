@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -16,10 +16,11 @@ def profile_points(reference: Reference) -> list[str]:
 
 
 def shape_results(samples: dict[str, np.ndarray], first_ms: dict[str, float], candidates: Sequence[tuple[str, str]],
-                  gflop: float | None) -> tuple[list[CandidateResult], str | None]:
-    """One row per candidate (name, group) with samples (ns per call), fastest first, and the best ONNX Runtime."""
+                  gflop: float | None, yardsticks: Collection[str] = ()) -> tuple[list[CandidateResult], str | None]:
+    """One row per candidate (name, group) with samples (ns per call), fastest first, and the best of `yardsticks`
+    (the ONNX Runtime candidates: `candidates.is_yardstick`) that every ratio divides by."""
     medians = {n: float(np.median(s)) / 1e3 for n, s in samples.items() if s.size}
-    ort = {n: m for n, m in medians.items() if "onnxruntime" in n}
+    ort = {n: m for n, m in medians.items() if n in yardsticks}
     ort_best = min(ort, key=ort.__getitem__) if ort else None
     results = []
     for name, group in candidates:

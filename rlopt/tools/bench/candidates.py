@@ -24,7 +24,6 @@ candidates numpy arrays: each is called the way its users call it.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +36,12 @@ from rlopt.lazy import require
 from rlopt.manifest import Manifest, NetworkRecord, checked_file, read_manifest
 from rlopt.reference import Reference
 from rlopt.backends import unavailable_reason
-from rlopt.machine import usable_cores
 from rlopt.tools.bench.schema import Skip
 
 Call = Callable[[], object]
 
 
-CandidateKind = Literal["rlopt", "eager", "torch.compile", "torchscript", "onnxruntime", "sb3", "factory"]
+CandidateKind = Literal["rlopt", "eager", "torch.compile", "torchscript module", "onnx session", "sb3", "factory"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +77,16 @@ class OpenCandidate:
 
 
 AA_SUFFIX = " (A/A)"  # the twin of an ONNX Runtime session: same spec, another process
+
+
+def is_yardstick(spec: CandidateSpec) -> bool:
+    """Whether the bench's ratios count `spec` as ONNX Runtime (their yardstick): a plain session on model.onnx, or an
+    rlopt backend whose library is ONNX Runtime."""
+    from rlopt.backends import BACKENDS
+    from rlopt.onnx_session import LIBRARY
+
+    backend = BACKENDS.get(spec.backend or "")
+    return spec.kind == "onnx session" or (spec.kind == "rlopt" and backend is not None and backend.module == LIBRARY)
 
 
 def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None, torch_compile: bool,
@@ -117,14 +125,14 @@ def candidate_specs(model_dir: Path, manifest: Manifest, network: str, recipe: P
     if not protocol:
         specs += _torch_baselines(record, torch_compile, common, skipped)
     if "model.onnx" not in record.files:
-        skipped.append(Skip(candidate="onnxruntime", reason="manifest.json lists no model.onnx"))
+        skipped.append(Skip(candidate="onnxruntime sessions", reason="manifest.json lists no model.onnx"))
         return specs
     for threads in sorted({1, cores}):
         label = f"onnxruntime {threads} thread" + ("s" if threads > 1 else "")
         note = f"model.onnx, ORT_ENABLE_ALL, intra_op_num_threads={threads}"
-        specs.append(CandidateSpec(label, "baseline", note, "onnxruntime", threads=threads, **common))
+        specs.append(CandidateSpec(label, "baseline", note, "onnx session", threads=threads, **common))
         if protocol:
-            specs.append(CandidateSpec(label + AA_SUFFIX, "baseline", note + ", another process", "onnxruntime",
+            specs.append(CandidateSpec(label + AA_SUFFIX, "baseline", note + ", another process", "onnx session",
                                        threads=threads, **common))
     return specs
 
@@ -134,7 +142,7 @@ def _torch_baselines(record: NetworkRecord, torch_compile: bool, common: dict[st
     specs = []
     if "model.ts" in record.files:
         specs.append(CandidateSpec("torchscript module", "baseline", "torch.jit.load(model.ts), torch tensors",
-                                   "torchscript", **common))
+                                   "torchscript module", **common))
     else:
         skipped.append(Skip(candidate="torchscript module", reason="manifest.json lists no model.ts"))
     if torch_compile:
@@ -184,7 +192,7 @@ def _torch_call(module: Any, input_names: list[str]) -> Callable[[dict[str, np.n
 def eager_module(model_dir: Path, manifest: Manifest, network: str, recipe: Path | None) -> tuple[Any, str]:
     """The eager PyTorch network and where it came from; raises BackendUnavailable with the reason when it cannot."""
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model, submodule
+    from rlopt.user_model import build_model, submodule
 
     stored_path = checked_file(model_dir, manifest.recipe)
     stored = load_recipe(stored_path)
@@ -262,17 +270,13 @@ def _open_torchscript(spec: CandidateSpec) -> OpenCandidate:
                          flop_module=scripted)
 
 
-def _open_onnxruntime(spec: CandidateSpec) -> OpenCandidate:
-    ort = require("onnxruntime")
+def _open_onnx_session(spec: CandidateSpec) -> OpenCandidate:
+    """The exported model.onnx in a plain ONNX Runtime session (ORT_ENABLE_ALL, CPU, `spec.threads` intra-op)."""
+    from rlopt.onnx_session import make_session
+
     model_dir = Path(spec.model_dir)
     record = read_manifest(model_dir).networks[spec.network]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = int(spec.threads or 1)
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(checked_file(model_dir, record.files["model.onnx"])), sess_options=options,
-                                   providers=["CPUExecutionProvider"])
+    session = make_session(checked_file(model_dir, record.files["model.onnx"]), threads=int(spec.threads or 1))
 
     def prepare(feeds: dict[str, np.ndarray]) -> Call:
         return lambda: session.run(None, feeds)
@@ -293,16 +297,14 @@ def _open_rlopt(spec: CandidateSpec) -> OpenCandidate:
 
 
 def _backend_threads(model_dir: Path, network: str, backend: str) -> int | None:
-    """The threads an rlopt backend computes with, where it can be told from outside (None: not known)."""
-    if backend == "tvm" and os.environ.get("TVM_NUM_THREADS", "").isdigit():
-        return int(os.environ["TVM_NUM_THREADS"])  # set by the TVM runner before its pool starts
-    if backend == "torchscript":
-        return int(require("torch").get_num_threads())
-    if backend == "onnxruntime":
-        artifact = read_manifest(model_dir).networks[network].artifacts.get(backend)
-        threads = artifact.facts.get("intra_op_threads") if artifact else None
-        return int(threads) if threads else usable_cores()
-    return None
+    """The threads an rlopt backend computes with (`Backend.threads`), where it is a number (None: not known)."""
+    from rlopt.backends import BACKENDS, facts_of
+
+    artifact = read_manifest(model_dir).networks[network].artifacts.get(backend)
+    if backend not in BACKENDS or artifact is None:
+        return None
+    threads = BACKENDS[backend].threads(facts_of(backend, artifact.facts))
+    return threads if isinstance(threads, int) else None
 
 
 def _open_sb3(spec: CandidateSpec) -> OpenCandidate:
@@ -339,7 +341,7 @@ def _open_factory(spec: CandidateSpec) -> OpenCandidate:
 
 OPENERS: dict[CandidateKind, Callable[[CandidateSpec], OpenCandidate]] = {
     "rlopt": _open_rlopt, "eager": _open_eager, "torch.compile": _open_torch_compile,
-    "torchscript": _open_torchscript, "onnxruntime": _open_onnxruntime, "sb3": _open_sb3,
+    "torchscript module": _open_torchscript, "onnx session": _open_onnx_session, "sb3": _open_sb3,
     "factory": _open_factory}
 
 
@@ -371,6 +373,7 @@ __all__ = [
     "check_recipe",
     "count_gflop",
     "eager_module",
+    "is_yardstick",
     "load_reference",
     "manifest_sb3",
 ]

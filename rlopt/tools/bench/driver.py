@@ -42,7 +42,7 @@ from rlopt.tools.bench.analysis import (
     shape_results,
     torch_threads,
 )
-from rlopt.tools.bench.candidates import CandidateSpec, candidate_specs, check_recipe, load_reference
+from rlopt.tools.bench.candidates import CandidateSpec, candidate_specs, check_recipe, is_yardstick, load_reference
 from rlopt.tools.bench.schema import BenchReport, NetworkBench, ShapeBench, Skip, WorkerInfo
 from rlopt.tools.bench.worker import BLOCK_CALLS, WARMUP_CALLS, WORKER_CODE, send
 
@@ -218,11 +218,10 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
                      ) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, str]]:
     """Warm every runner, then rounds of one block per runner (order shuffled each round) for `budget_s`; ns samples.
 
-    Shuffled, not rotated: a rotation keeps each runner's predecessor fixed, and on 2 cores the predecessor's
-    cache and pool state biased the next runner (two identical TVM sessions: 390 vs 234 us at the default
-    policy's max shape when rotated, 223 vs 220 us shuffled). `seed` fixes the order; runs meant to be independent
-    need seeds of their own (one seed for every run repeated each round's order, and with it each candidate's
-    predecessors: the identical refitted and fresh ONNX Runtime files read 1.06-1.11x apart in 5 of 6 runs).
+    Shuffled, not rotated: a rotation keeps each runner's predecessor fixed, and the predecessor's cache and
+    thread-pool state bias the next runner, so two identical sessions read apart. `seed` fixes the order; runs
+    meant to be independent need seeds of their own, or they repeat each round's order and with it each
+    candidate's predecessors.
 
     Rounds go on until the budget is spent, at least `min_rounds` and at most `max_rounds`. A block is
     BLOCK_CALLS back-to-back calls, its first untimed (it absorbs the wake-up and the previous candidate's
@@ -250,7 +249,7 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
         for name in [live[i] for i in order.permutation(len(live))]:
             try:
                 samples[name].append(np.asarray(runners[name].block(timed), dtype=np.int64))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 -- a candidate failing mid-run is dropped with its reason, as at warm-up
                 fail(name, exc)
         live = [name for name in live if name not in failures]
         rounds += 1
@@ -260,7 +259,7 @@ def time_interleaved(runners: dict[str, BlockRunner], budget_s: float, min_round
 
 def flop_counter(workers: list[Worker]) -> Worker | None:
     """Who counts FLOPs: the eager module, else the TorchScript one (FlopCounterMode needs a torch module)."""
-    for kind in ("eager", "torchscript"):
+    for kind in ("eager", "torchscript module"):
         for worker in workers:
             if worker.spec.kind == kind:
                 return worker
@@ -318,7 +317,8 @@ def bench_network(model_dir: Path, manifest: Manifest, network: str, recipe: Pat
                 worker.stop()
             live = [w for w in live if w.spec.name not in failures]
             gflop = counter.gflop if counter in live else None
-            results, ort_best = shape_results(samples, first_ms, [(w.spec.name, w.spec.group) for w in live], gflop)
+            results, ort_best = shape_results(samples, first_ms, [(w.spec.name, w.spec.group) for w in live], gflop,
+                                              {w.spec.name for w in live if is_yardstick(w.spec)})
             shapes.append(ShapeBench(point=point, shape=shape, gflop=gflop, rounds=rounds_of(samples, BLOCK_CALLS - 1),
                                      ort_best=ort_best, results=results,
                                      round_medians_us=round_medians_us(samples, BLOCK_CALLS - 1)))
@@ -342,7 +342,7 @@ def run_bench(model_dir: Path | str, network: str | None = None, recipe: Path | 
     GFLOP and GFLOP/s out: torch's FlopCounterMode imports torch._dynamo on first use (about 2 s). `seed` orders
     the rounds (default: a new one, recorded in the report, so two runs are independent and one can be replayed).
     """
-    from rlopt.compile import tool_versions
+    from rlopt.backends import tool_versions
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlopt.backends import facts_of
-from rlopt.facts import NetworkFacts
 from rlopt.manifest import BackendRecord, Manifest, NetworkRecord, shape_label
 from rlopt.runtime.routes import OTHER
 from rlopt.tools.bench.protocol import aa_noise, paired_ratio
@@ -72,18 +71,18 @@ def is_latency_regression(ratio: float, noise: float, max_ratio: float) -> bool:
 
 
 def route(record: NetworkRecord, label: str) -> str:
-    """What `auto` runs at a shape label (or `other`), as the manifest records it: the backend, and for ONNX Runtime
-    its intra-op threads there ('1 thread', 'pool') and whether it spins. A label without a route of its own runs
-    the `other` route; a MODEL_DIR without routes runs `selected`."""
-    facts = NetworkFacts.of(record.facts)
-    backend = facts.auto_routes.get(label, facts.auto_routes.get(OTHER, record.selected))
-    if backend != "onnxruntime":
+    """What `auto` runs at a shape label (or `other`), as the manifest records it: the backend, and how its route
+    opens it there (its facts' `route_detail`: ONNX Runtime's threads and spinning). A label without a route of its
+    own runs the `other` route; a MODEL_DIR without routes runs `selected`."""
+    plan = record.facts.route
+    routes = plan.routes if plan is not None else {}
+    backend = routes.get(label, routes.get(OTHER, record.selected))
+    artifact = record.artifacts.get(backend) if backend is not None else None
+    if artifact is None:
         return str(backend)
-    artifact = record.artifacts.get(backend)
-    built = artifact.facts.get("intra_op_threads") if artifact is not None else None
-    threads = facts.auto_onnxruntime_shape_threads.get(label, facts.auto_onnxruntime_threads or built or 0)
-    text = "1 thread" if threads == 1 else f"{threads} threads" if threads else "pool"
-    return f"onnxruntime ({text}{', not spinning' if facts.auto_onnxruntime_spinning is False else ''})"
+    options = plan.options.get(str(backend), {}) if plan is not None else {}
+    detail = facts_of(str(backend), artifact.facts).updated(**options).route_detail(label)
+    return f"{backend} ({detail})" if detail else str(backend)
 
 
 def route_at(record: NetworkRecord, shape: Mapping[str, Sequence[int]]) -> str:
@@ -96,7 +95,7 @@ def backend_status(record: BackendRecord | None) -> str | None:
         return None
     if not record.built:
         return f"skipped: {record.skipped}"
-    if record.facts.get("verified") is False:
+    if record.facts.verified is False:
         return "built, not verified here"
     return "verified" if record.verified else "failed parity"
 
@@ -117,7 +116,7 @@ def backend_changes(old: NetworkRecord, new: NetworkRecord) -> list[Change]:
 
 def route_changes(old: NetworkRecord, new: NetworkRecord) -> list[Change]:
     """Every `auto` route of either MODEL_DIR (shape label -> what runs there), and the selected backend."""
-    before, after = NetworkFacts.of(old.facts).auto_routes, NetworkFacts.of(new.facts).auto_routes
+    before, after = (dict(r.facts.route.routes) if r.facts.route is not None else {} for r in (old, new))
     labels = list(dict.fromkeys([*before, *after]))
     return ([Change(name="selected", old=old.selected, new=new.selected)]
             + [Change(name=label, old=route(old, label) if label in before else None,
@@ -216,8 +215,8 @@ def compare_network(name: str, old: NetworkRecord, new: NetworkRecord, shapes: M
         agree = f", argmax agreement {drift.argmax_agree:.3f}" if drift.argmax_agree is not None else ""
         drifted.append(f"{name}: drift KL(old || new) mean {drift.value:.3g} > max_drift_kl "
                        f"{thresholds.max_drift_kl:g}{agree}")
-    old_triton = NetworkFacts.of(old.facts).triton
-    new_triton = NetworkFacts.of(new.facts).triton
+    old_triton = old.facts.triton
+    new_triton = new.facts.triton
     return NetworkDiff(network=name, kind=new.kind, latency=latency, routes=route_changes(old, new), backends=backends,
                        files=file_changes(network_files(old), network_files(new)),
                        triton_models=file_changes(dict.fromkeys(old_triton, ""), dict.fromkeys(new_triton, "")),

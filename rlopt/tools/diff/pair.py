@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from rlopt.backends import facts_of
 from rlopt.ci_config import CiConfig
 from rlopt.errors import ArtifactError, RecipeError, UsageError, located
-from rlopt.manifest import MANIFEST_NAME, FileRecord, Manifest, NetworkRecord, checked_file, read_manifest
+from rlopt.manifest import MANIFEST_NAME, Manifest, NetworkRecord, checked_file, read_manifest
 from rlopt.tools.diff.schema import Thresholds
 from rlopt.yaml_file import load_yaml_mapping
 
@@ -36,7 +36,7 @@ def read_checked(model_dir: Path) -> Manifest:
             if artifact.built:
                 checked_file(model_dir, artifact)
                 for extra in facts_of(backend, artifact.facts).companion_files():
-                    checked_file(model_dir, FileRecord.model_validate(extra.as_dict()))
+                    checked_file(model_dir, extra)
     return manifest
 
 

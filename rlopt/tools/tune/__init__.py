@@ -19,21 +19,23 @@ def network_onnx(recipe: Recipe, recipe_path: Path, model: Any, name: str, workd
     """The ONNX model compile feeds to TVM for this network (same stages, same options)."""
     from rlopt.compile.cache import StageCache
     from rlopt.compile.engine import Engine, Silent
-    from rlopt.compile.frontend import FRONTEND_TO_PADDING
-    from rlopt.compile.stage import Context
+    from rlopt.compile.gpu_path import plan_padding
     from rlopt.lazy import require
-    from rlopt.stages.load_model import submodule
+    from rlopt.stages.base import Context
+    from rlopt.stages.frontend import FRONTEND_TO_PADDING
+    from rlopt.user_model import submodule
 
     spec = recipe.networks[name]
     ctx = Context(recipe, recipe_path, name, spec, workdir, module=submodule(model, spec.module, recipe_path, name))
     ctx.dir.mkdir()
+    plan_padding(ctx)
     Engine(Silent(), StageCache(enabled=False)).run_all([stage() for stage in FRONTEND_TO_PADDING], ctx)
     return require("onnx").load(str(ctx.artifacts[ctx.onnx_for("tvm")]))
 
 
 def recipe_workloads(recipe: Recipe, recipe_path: Path, networks: list[str] | None, workdir: Path) -> list[Any]:
     from rlopt.backends.tvm.database import Workload, profile_shapes
-    from rlopt.compile.frontend import model_source
+    from rlopt.compile.sources import model_source
 
     unknown = [n for n in networks or [] if n not in recipe.networks]
     if unknown:

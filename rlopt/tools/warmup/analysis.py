@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rlopt.machine import load_average, machine_facts
-from rlopt.tools.warmup.profile import WarmupProfile
+from rlopt.warmup_profile import WarmupProfile
 from rlopt.tools.warmup.schema import (
     ConsistencyReport,
     Divergence,

@@ -19,7 +19,6 @@ includes loading and the first calls: the whole cold start a serving process see
 from __future__ import annotations
 
 import math
-import os
 from contextlib import nullcontext
 import threading
 import time
@@ -35,7 +34,7 @@ from rlopt.manifest import NetworkRecord, checked_file, read_manifest, shape_lab
 from rlopt.reference import Reference, random_input
 from rlopt.machine import usable_core_ids, usable_cores
 from rlopt.tools.warmup.analysis import LoadRecord, WarmupResult, analyse, max_abs_difference
-from rlopt.tools.warmup.profile import WarmupProfile, load_profile
+from rlopt.warmup_profile import WarmupProfile, load_profile
 from rlopt.tools.warmup.report import write_reports
 from rlopt.tools.warmup.schema import Divergence, LiveShape, LiveStatus, Monitor
 
@@ -136,16 +135,12 @@ def actor_inputs(request: dict[str, np.ndarray], state: dict[str, str]) -> dict[
 
 
 def _threads_facts(backend: str, record: NetworkRecord) -> dict[str, Any]:
-    facts = record.artifacts[backend].facts
-    threads: dict[str, Any] = {"usable_cores": usable_cores()}
-    if backend == "onnxruntime":
-        threads["backend_threads"] = facts.get("intra_op_threads") or "ONNX Runtime default (one per physical core)"
-    elif backend == "tvm":
-        threads["backend_threads"] = facts.get("num_threads") or os.environ.get("TVM_NUM_THREADS", "TVM default")
-    elif backend == "torchscript":
-        import torch
+    """The cores this process may use and the threads the backend computes with (`Backend.threads`)."""
+    from rlopt.backends import BACKENDS, facts_of
 
-        threads["backend_threads"] = torch.get_num_threads()
+    threads: dict[str, Any] = {"usable_cores": usable_cores()}
+    if backend in BACKENDS and backend in record.artifacts:
+        threads["backend_threads"] = BACKENDS[backend].threads(facts_of(backend, record.artifacts[backend].facts))
     return threads
 
 

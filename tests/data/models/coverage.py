@@ -151,6 +151,32 @@ class AttentionPolicy(nn.Module):
         return self.head(self.encoder(x)[:, -1])
 
 
+class DynamicLengthAttention(nn.Module):
+    """An nn.TransformerEncoder over tokens [batch, seq, d] whose seq varies per call (an LLM head, a
+    multi-agent policy over a variable number of entities): the action logits from the last token."""
+
+    def __init__(self, d: int = 128, heads: int = 4, layers: int = 2, n_actions: int = 6) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, n_actions)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(tokens)[:, -1])
+
+
+class LengthBoundAttention(DynamicLengthAttention):
+    """Not compilable with a dynamic seq: the scripted encoder is refused by the TorchScript exporter, the
+    branch on the length forbids the trace, and torch.export keeps only the branch its example takes (windows
+    longer than 8 are averaged, shorter ones read from the last token, halved). Refused in one line naming the dim."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        encoded = self.enc(tokens)
+        if tokens.size(1) > 8:
+            return self.head(encoded.mean(dim=1))
+        return self.head(encoded[:, -1]) * 0.5
+
+
 class MaskedPolicy(nn.Module):
     """sb3-contrib MaskablePPO: the logits of illegal actions become -inf (a bool mask, True = legal)."""
 
@@ -193,8 +219,8 @@ class GruCellActor(nn.Module):
 
 
 class GruCellWithBatchBranch(GruCellActor):
-    """Not compilable: the scripted GRUCell is refused by the TorchScript exporter, and the branch on the batch
-    size forbids the trace fallback (a trace would freeze it). Refused in one line (exit 2)."""
+    """The scripted GRUCell is refused by the TorchScript exporter, and the branch on the batch size forbids the
+    trace fallback (a trace would freeze it): the dynamo exporter's graph serves it (both branches agree)."""
 
     def forward(self, obs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if obs.size(0) > 1:
@@ -216,6 +242,20 @@ class LstmSequence(nn.Module):
                 c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         y, (h_new, c_new) = self.lstm(obs, (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()))
         return self.head(y), h_new.transpose(0, 1), c_new.transpose(0, 1)
+
+
+class GruSequenceEncoder(nn.Module):
+    """A GRU over a fixed window of the last K observations [batch, K, obs] (batch_first), the action logits
+    from its last hidden state: a history encoder for partially observed tasks."""
+
+    def __init__(self, obs: int = 8, hidden: int = 64, n_actions: int = 4, layers: int = 1) -> None:
+        super().__init__()
+        self.gru = nn.GRU(obs, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, n_actions)
+
+    def forward(self, window: torch.Tensor) -> torch.Tensor:
+        _, h = self.gru(window)
+        return self.head(h[-1])
 
 
 class EmbeddingPolicy(nn.Module):
@@ -345,6 +385,11 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # aten::is_autocast_enabled is refused) keeps the batch dynamic but would freeze a dynamic seq dim
     "decision_transformer": ("AttentionPolicy", {}, {
         "kind": "policy", "inputs": {"obs": batched(8, 8)}, "outputs": ["logits"]}),
+    # a dynamic window of 1..64 tokens: the scripted encoder is refused, the trace freezes the length in its
+    # Reshapes (the shape probe catches it), the dynamo export keeps it
+    "attention_dynamic_length": ("DynamicLengthAttention", {}, {
+        "kind": "policy", "inputs": {"tokens": {"dtype": "float32", "min": [1, 1, 128], "opt": [4, 20, 128],
+                                                "max": [8, 64, 128]}}, "outputs": ["logits"]}),
     "maskable_ppo": ("MaskedPolicy", {}, {
         "kind": "policy", "inputs": {"obs": batched(8), "action_mask": batched(6, dtype="bool")},
         "outputs": ["logits"]}),
@@ -358,6 +403,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                               "max": [8, 6, 8]},
                                       "h": batched(1, 32), "c": batched(1, 32)},
         "outputs": ["out", "h_new", "c_new"], "state": {"h": "h_new", "c": "c_new"}}),
+    "gru_sequence_encoder": ("GruSequenceEncoder", {}, {
+        "kind": "policy", "inputs": {"window": batched(16, 8)}, "outputs": ["logits"]}),
     "embedding_ids": ("EmbeddingPolicy", {}, {
         "kind": "policy", "inputs": {"ids": {"dtype": "int64", "min": [1, 1], "opt": [4, 5], "max": [8, 8]}},
         "outputs": ["logits"]}),
@@ -368,10 +415,15 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 }
 
 
-def recipe_for(name: str, backends: list[str], *, samples: int = 4, steps: int = 3,
+# verify.steps where the default (3) is not enough: an actor that feeds its state back is checked over 6 calls
+STEPS = {"recurrent_ppo_lstm": 6}
+
+
+def recipe_for(name: str, backends: list[str], *, samples: int = 4, steps: int | None = None,
                factory_path: str = "models/coverage.py") -> dict[str, Any]:
     """A recipe (as a mapping, for YAML) compiling architecture `name` as the network `net`."""
     cls, kwargs, network = ARCHITECTURES[name]
+    steps = steps if steps is not None else STEPS.get(name, 3)
     return {
         "name": name.replace("_", "-"),
         "model": {"factory": f"{factory_path}:{cls}", "kwargs": kwargs, "seed": 0},

@@ -1,7 +1,8 @@
 """One way to open an ONNX Runtime session: the options rlopt sets, exactly the providers asked for, typed errors.
 
-Every place that opens a session (the runner, the build's provider check, int8 quantization's gate, GEMM padding's
-exactness check, bench) goes through `make_session`, so a setting is decided once.
+ONNX Runtime is both a backend and the front end's ONNX executor (GEMM padding's exactness check, bench's
+baseline), so this lives below both. Every place that opens a session goes through `make_session`, so a setting
+is decided once.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from rlopt.backends.onnxruntime.facts import CPU_PROVIDER
-from rlopt.errors import ArtifactError, BackendUnavailable, first_line, located
+from rlopt.errors import ArtifactError, BackendUnavailable, RloptError, first_line, located
 from rlopt.lazy import require
 
+LIBRARY = "onnxruntime"  # the module (onnxruntime or onnxruntime-gpu installs it)
+CPU_PROVIDER = "CPUExecutionProvider"
 Optimization = Literal["disable", "basic", "extended", "all"]
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
            "all": "ORT_ENABLE_ALL"}
@@ -20,7 +22,8 @@ _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended"
 
 def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = None, spinning: bool | None = None,
                  optimization: Optimization | None = "all", providers: list[str] | None = None,
-                 inter_op_threads: int = 1, provider_options: dict[str, dict[str, str]] | None = None) -> Any:
+                 inter_op_threads: int = 1, provider_options: dict[str, dict[str, str]] | None = None,
+                 cannot_load: tuple[type[RloptError], str] = (ArtifactError, "recompile MODEL_DIR")) -> Any:
     """An `onnxruntime.InferenceSession` on `path_or_bytes` (a file or the serialized model).
 
     threads: intra-op threads (None: ONNX Runtime's default, one per physical core); spinning: False stops the
@@ -29,10 +32,11 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
     the graph optimization level (None: ONNX Runtime's default); providers: exactly these, in order (default CPU
     only); inter_op_threads: 1 by default, as the sequential executor uses no inter-op pool (unset: ~0.4 us more
     a call on the same MLP); provider_options: per provider name, its options (the CUDA provider's use_tf32).
-    Raises ArtifactError when ONNX Runtime cannot load the model, and BackendUnavailable when the session lacks a
-    requested provider (ONNX Runtime would silently fall back to the CPU).
+    Raises `cannot_load` (the error and its fix; default: a MODEL_DIR's artifact, ArtifactError) when ONNX Runtime
+    cannot load the model, and BackendUnavailable when the session lacks a requested provider (ONNX Runtime would
+    silently fall back to the CPU).
     """
-    ort = require("onnxruntime")
+    ort = require(LIBRARY)
     wanted = list(providers or [CPU_PROVIDER])
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -46,10 +50,10 @@ def make_session(path_or_bytes: Path | str | bytes, *, threads: int | None = Non
     model = path_or_bytes if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
     try:
         session = ort.InferenceSession(model, sess_options=options, providers=with_options(wanted, provider_options))
-    except Exception as exc:  # onnxruntime raises its own untyped errors for a corrupt model
+    except Exception as exc:  # onnxruntime raises its own untyped errors for a model it cannot load: `cannot_load`
         where = "ONNX model (bytes)" if isinstance(path_or_bytes, bytes) else path_or_bytes
-        raise ArtifactError(located(where, "", f"ONNX Runtime cannot load it ({first_line(exc)})",
-                                    "recompile MODEL_DIR")) from None
+        error, fix = cannot_load
+        raise error(located(where, "", f"ONNX Runtime cannot load it ({first_line(exc)})", fix)) from None
     missing = [p for p in wanted if p not in session.get_providers()]
     if missing:
         raise BackendUnavailable(
@@ -64,4 +68,4 @@ def with_options(providers: list[str], options: dict[str, dict[str, str]] | None
     return [(name, dict(options[name])) if options and name in options else name for name in providers]
 
 
-__all__ = ["make_session", "with_options"]
+__all__ = ["CPU_PROVIDER", "LIBRARY", "make_session", "with_options"]

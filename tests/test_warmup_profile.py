@@ -1,4 +1,4 @@
-"""rlopt.tools.warmup.profile: validation of warmup profiles, and no import of rlopt.recipe (the cycle is gone)."""
+"""rlopt.warmup_profile: validation of warmup profiles, and no import of rlopt.recipe (the cycle is gone)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from rlopt.errors import ProfileError
 from rlopt.manifest import InputProfile, read_manifest
 from rlopt.recipe import load_recipe
-from rlopt.tools.warmup.profile import check_against, load_profile, read_profile
+from rlopt.warmup_profile import check_against, load_profile, read_profile
 from tests.conftest import RECIPES
 from tests.tools.common import with_changes, write_profile
 
@@ -76,7 +76,7 @@ def test_chatbot_profile_is_the_reference_mix() -> None:
 
 def test_the_profile_module_does_not_import_the_recipe_module() -> None:
     """rlopt.recipe imports the profile module (a recipe's `warmup_profile`): the reverse would be a cycle."""
-    code = ("import json, sys; import rlopt.tools.warmup.profile; "
+    code = ("import json, sys; import rlopt.warmup_profile; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('rlopt'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlopt.backends.onnxruntime.session import make_session
+from rlopt.onnx_session import make_session
 from rlopt.errors import ArtifactError, BackendUnavailable
 
 pytest.importorskip("onnxruntime")

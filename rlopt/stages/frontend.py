@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlopt.compile.stage import Context, Stage, StageOutput
 from rlopt.errors import StageError, located
-from rlopt.recipe import Recipe
-
+from rlopt.spec import RecipeSpec
+from rlopt.stages.base import Context, Stage, StageOutput
 
 
 # ---------------------------------------------------------------- where the model comes from
@@ -28,23 +27,13 @@ class ModelSource(Protocol):
 class FactorySource:
     """`model: {factory, kwargs, checkpoint, seed}`: a Python callable, optionally with a state_dict."""
 
-    recipe: Recipe
+    recipe: RecipeSpec
     recipe_path: Path
 
     def load(self) -> tuple[Any, dict[str, Any]]:
-        from rlopt.stages.load_model import build_model
+        from rlopt.user_model import build_model
 
-        model, out = build_model(self.recipe.model, self.recipe_path)
-        return model, out.facts
-
-
-def model_source(recipe: Recipe, recipe_path: Path) -> ModelSource:
-    """The source a recipe's `model` section names: a factory, or an SB3 agent zip."""
-    if recipe.model.sb3 is not None:
-        from rlopt.compile.sources import Sb3Source
-
-        return Sb3Source(recipe, recipe_path)
-    return FactorySource(recipe, recipe_path)
+        return build_model(self.recipe.model, self.recipe_path)
 
 
 def recorded_source(ctx: Context) -> dict[str, Any]:
@@ -82,7 +71,7 @@ class Script(Stage):
 
 class RecordReference(Stage):
     name, inputs, outputs, cached = "reference", ("module",), ("reference.npz",), True
-    helpers = ("rlopt.reference", "rlopt.compile.sources")
+    helpers = ("rlopt.reference",)
 
     def config(self, ctx: Context) -> Any:
         verify = ctx.recipe.verify
@@ -99,7 +88,7 @@ class RecordReference(Stage):
         reference = record_reference(ctx.module, ctx.spec, ctx.recipe.verify.samples, ctx.recipe.verify.seed,
                                      recipe_path=ctx.recipe_path, network=ctx.name, steps=ctx.recipe.verify.steps)
         if ctx.artifacts.get("rollout_feeds"):
-            from rlopt.compile.sources import add_rollout_point
+            from rlopt.reference import add_rollout_point
 
             add_rollout_point(reference, ctx.module, ctx.artifacts["rollout_feeds"])
         reference.save(path)
@@ -111,16 +100,21 @@ class RecordReference(Stage):
 
 class ExportOnnx(Stage):
     name, inputs, outputs, cached = "onnx", ("model.ts",), ("model.onnx",), True
-    helpers = ("rlopt.stages.export_onnx", "rlopt.refit.weight_map", "rlopt.onnx_graph")
+    helpers = ("rlopt.stages.export_onnx", "rlopt.stages.control_flow", "rlopt.stages.shape_probe",
+               "rlopt.stages.weight_map", "rlopt.onnx_graph")
 
     def config(self, ctx: Context) -> Any:
-        return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset}
+        verify = ctx.recipe.verify
+        return {"network": interface(ctx), "opset": ctx.recipe.onnx.opset,
+                "probe": {"shapes": ctx.spec.shapes, "atol": verify.atol, "rtol": verify.rtol}}
 
     def run(self, ctx: Context) -> StageOutput:
         from rlopt.stages.export_onnx import export_onnx
 
+        verify = ctx.recipe.verify
         return export_onnx(ctx.artifacts["model.ts"], ctx.spec, ctx.recipe.onnx.opset, ctx.dir / "model.onnx",
-                           recipe_path=ctx.recipe_path, network=ctx.name, eager_module=ctx.module)
+                           recipe_path=ctx.recipe_path, network=ctx.name, eager_module=ctx.module,
+                           tolerance=(verify.atol, verify.rtol))
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
         return f"{out.facts.get('export_path', 'script')}, opset {out.facts['opset']}, {out.facts['if_nodes']} If"
@@ -130,7 +124,9 @@ class SpecializationGuard(Stage):
     """A check after export: every input's dims in the ONNX graph are what the recipe declares.
 
     A dim the recipe lets vary must stay symbolic (an exporter that specialized it would serve
-    only the example shape); a fixed dim must have the recipe's value.
+    only the example shape); a fixed dim must have the recipe's value. Declared dims cannot show a length
+    baked into a Reshape: the export itself ran the graph at each probe shape (rlopt.stages.shape_probe), and the
+    count is reported here.
     """
 
     name, inputs = "specialization guard", ("model.onnx",)
@@ -162,30 +158,39 @@ class SpecializationGuard(Stage):
                 raise StageError(located(ctx.recipe_path, f"networks.{ctx.name}.inputs.{name}", problem,
                                          "make forward shape-generic along the recipe's dynamic dims"))
             checked += 1
-        return StageOutput(None, {"inputs_checked": checked})
+        facts: dict[str, Any] = {"inputs_checked": checked}
+        export = ctx.outputs.get("onnx")
+        probe = export.facts.get("shape_probe") if export is not None else None
+        if probe is not None:  # the export ran the graph at these shapes (rlopt.stages.shape_probe)
+            facts["shapes_run"] = len(probe["checked"])
+        return StageOutput(None, facts)
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
-        return f"{out.facts['inputs_checked']} input(s) match the recipe"
+        text = f"{out.facts['inputs_checked']} input(s) match the recipe"
+        if "shapes_run" in out.facts:
+            text += f"; the graph matches PyTorch at {out.facts['shapes_run']} more shape(s)"
+        return text
 
 
-class TensorRTPlanStage(Stage):
-    """Validated TensorRT optimization profiles, on every machine (Triton's config needs them too)."""
+class InputProfiles(Stage):
+    """The inputs' shape profiles (min/opt/max, then the recipe's extra `profiles`), checked against the ONNX graph
+    on every machine: the TensorRT build and the Triton configs use the same profile objects."""
 
-    name, inputs, outputs = "tensorrt plan", ("model.onnx",), ("tensorrt_plan",)
+    name, inputs, outputs = "profiles", ("model.onnx",), ("profiles",)
 
     def run(self, ctx: Context) -> StageOutput:
-        from rlopt.backends.tensorrt.plan import make_plan
         from rlopt.lazy import require
+        from rlopt.stages.profiles import make_profiles
 
-        graph = require("onnx").load(str(ctx.artifacts["model.onnx"]))
-        plan = make_plan(ctx.spec, ctx.recipe.tensorrt, graph, recipe_path=ctx.recipe_path, network=ctx.name)
-        ctx.artifacts["tensorrt_plan"] = plan
-        ctx.facts["tensorrt_plan"] = plan.facts()
+        graph = require("onnx").load(str(ctx.artifacts["model.onnx"]), load_external_data=False)
+        profiles = make_profiles(ctx.spec, graph, recipe_path=ctx.recipe_path, network=ctx.name)
+        ctx.artifacts["profiles"] = profiles
+        ctx.facts["profiles"] = profiles.facts()
         return StageOutput(None, {})
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
-        plan = ctx.artifacts["tensorrt_plan"]
-        return f"{len(plan.profiles)} profile(s), {plan.precision}"
+        profiles = ctx.artifacts["profiles"]
+        return f"{len(profiles.profiles)} profile(s), batching {'up to ' + str(profiles.batching().max_batch_size) if profiles.batching().enabled else 'off'}"
 
 
 class PadGemm(Stage):
@@ -194,9 +199,7 @@ class PadGemm(Stage):
     name, inputs, outputs = "pad_gemm", ("model.onnx",), ("model.padded.onnx",)
 
     def multiple(self, ctx: Context) -> int:
-        from rlopt.compile.gpu_path import wanted_multiple
-
-        return wanted_multiple(ctx.recipe)
+        return ctx.pad_multiple
 
     def config(self, ctx: Context) -> Any:
         return {"multiple": self.multiple(ctx), "pad_outputs": ctx.recipe.pad_gemm_outputs}
@@ -207,7 +210,8 @@ class PadGemm(Stage):
             return True
         ctx.facts["pad_gemm"] = {"applied": False, "pad_gemm": ctx.recipe.pad_gemm,
                                  "reason": "off" if ctx.recipe.pad_gemm == 0 else
-                                 "auto pads only for TensorRT / TVM-CUDA, and neither can build here"}
+                                 "auto pads only for backends that want it on their target (a GPU), and none of "
+                                 "those can build here"}
         return False
 
     def feeds(self, ctx: Context) -> list[dict[str, Any]]:
@@ -255,7 +259,7 @@ class PadGemmForTuning(PadGemm):
         return example_feeds(ctx)
 
 
-FRONTEND: list[type[Stage]] = [Script, RecordReference, ExportOnnx, SpecializationGuard, TensorRTPlanStage, PadGemm]
+FRONTEND: list[type[Stage]] = [Script, RecordReference, ExportOnnx, SpecializationGuard, InputProfiles, PadGemm]
 FRONTEND_TO_PADDING: list[type[Stage]] = [Script, ExportOnnx, SpecializationGuard, PadGemmForTuning]
 
 
@@ -264,11 +268,13 @@ __all__ = [
     "FRONTEND_TO_PADDING",
     "ExportOnnx",
     "FactorySource",
+    "InputProfiles",
     "ModelSource",
     "PadGemm",
+    "PadGemmForTuning",
     "RecordReference",
     "Script",
     "SpecializationGuard",
-    "TensorRTPlanStage",
-    "model_source",
+    "example_feeds",
+    "recorded_source",
 ]

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
-from rlopt.refit.weight_map import apply_weight_map, build_weight_map, map_problem, sentinel_state  # noqa: E402
+from rlopt.stages.weight_map import apply_weight_map, build_weight_map, map_problem, sentinel_state  # noqa: E402
 
 
 class Plain(torch.nn.Module):

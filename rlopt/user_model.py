@@ -1,4 +1,7 @@
-"""Build the user's model from the recipe: factory, kwargs, then checkpoint or seed."""
+"""The user's PyTorch model from a recipe's `model` section: factory, kwargs, then checkpoint or seed.
+
+Compile's front end, refit and bench's eager baseline all rebuild it this one way.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +13,8 @@ from typing import Any
 
 from rlopt.errors import RecipeError, describe_exception, located
 from rlopt.lazy import require
-from rlopt.recipe import ModelSpec
-from rlopt.stages.base import StageOutput
+from rlopt.files import sha256_file
+from rlopt.spec import ModelSpec
 
 
 def resolve_factory(spec: ModelSpec, recipe_path: Path) -> Any:
@@ -73,7 +76,7 @@ def load_state_dict(path: Path, recipe_path: Path) -> dict[str, Any]:
     return state
 
 
-def build_model(spec: ModelSpec, recipe_path: Path) -> tuple[Any, StageOutput]:
+def build_model(spec: ModelSpec, recipe_path: Path) -> tuple[Any, dict[str, Any]]:
     """The model in eval mode, and facts about how it was made."""
     torch = require("torch")
     factory = resolve_factory(spec, recipe_path)
@@ -97,12 +100,10 @@ def build_model(spec: ModelSpec, recipe_path: Path) -> tuple[Any, StageOutput]:
                        f"{'...' if len(result.unexpected_keys) > 3 else ''}")
             raise RecipeError(located(recipe_path, "model.checkpoint", problem,
                                       "use a checkpoint saved from this model with these kwargs"))
-        from rlopt.manifest import sha256_file
-
         facts.update(checkpoint=spec.checkpoint, checkpoint_sha256=sha256_file(path))
     model.eval()
     facts["parameters"] = int(sum(p.numel() for p in model.parameters()))
-    return model, StageOutput(artifact=None, facts=facts)
+    return model, facts
 
 
 def submodule(model: Any, dotted: str, recipe_path: Path, network: str) -> Any:

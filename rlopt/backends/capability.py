@@ -1,0 +1,144 @@
+"""`Backend`: everything rlopt knows about one backend, declared once in its package's `__init__.py`.
+
+The generic layers (the compile engine, verification, `auto`, the manifest, the runtime, Triton, bench, warmup,
+inspect) ask a backend's descriptor and never compare against its name. Importing a descriptor imports no backend
+library: code is named by "module:attribute" paths, loaded when used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, Callable, Protocol
+
+from pydantic import BaseModel
+
+from rlopt.facts import ArtifactFacts
+
+Table = Mapping[str, Mapping[str, float]]  # candidate -> shape label -> median latency in us
+
+
+def load_path(path: str) -> Any:
+    """The attribute a "module:attribute" path names (its module imported now)."""
+    module, attribute = path.split(":")
+    return getattr(import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class TritonModel:
+    """How Triton Inference Server serves a backend's artifact (model_config.proto).
+
+    `platform` names Triton's platform (onnxruntime_onnx, pytorch_libtorch, tensorrt_plan), or `backend` a Triton
+    backend that has no platform (Triton's own name for it); `filename` is the artifact's name in the version folder (its companion
+    files, `ArtifactFacts.companion_files`, keep their own names beside it); `note` one comment line for
+    config.pbtxt; `rules` the "module:function" path of a function (config, profiles) -> config that adds what this
+    Triton backend needs beyond the generic config (rlopt.compile.triton.model_config: a dict, rlopt.pbtxt.Enum for
+    enum values; profiles: rlopt.stages.profiles.ShapeProfiles), e.g. tensor names or an instance group.
+    """
+
+    filename: str
+    platform: str = ""
+    backend: str = ""
+    note: str = ""
+    rules: str | None = None
+
+    def rules_function(self) -> Callable[[dict[str, Any], Any], dict[str, Any]] | None:
+        return load_path(self.rules) if self.rules else None
+
+
+@dataclass(frozen=True)
+class TunedRoute:
+    """A backend's choice among its configurations, per shape label (`AutoTuning.choose`): its rows of the alone and
+    together tables as chosen, the facts its route opens it with given the labels routed to it, and why."""
+
+    alone: Mapping[str, float]
+    together: Mapping[str, float] | None
+    options: Callable[[Collection[str]], dict[str, Any]]
+    why: str = ""
+
+
+class AutoTuning(Protocol):
+    """How `auto` measures a backend that has other configurations worth a session of their own (ONNX Runtime:
+    one intra-op thread against its default pool)."""
+
+    def variants(self, facts: Any, cores: int) -> dict[str, dict[str, Any]]:
+        """The configurations to time besides the artifact's own: name -> facts update (none: {})."""
+        ...
+
+    def choose(self, alone: Table, together: Table | None, artifact_bytes: int) -> TunedRoute | None:
+        """Per shape label, one configuration: `alone` / `together` map each configuration ('' for the artifact's
+        own, else a `variants` name) to its latency per label; None: keep the artifact's own everywhere."""
+        ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend, declared once; every field but the first five has a default that means "nothing special".
+
+    Identity and code:
+    - `name` (the registry key, the recipe's and the manifest's name), `module` (its library's Python module:
+      availability, import order), `runner` ("module:Class" of its `Runner`), `stages` ("module:Class" of its compile
+      stages, run in order after the front end; the artifact is the last applicable one's).
+    - `facts`: the typed model of what its build records (an ArtifactFacts subclass); `unavailable`, `threads` and
+      the hooks below take it.
+    - `config`: its recipe section's model (pydantic, extra keys refused), found in a recipe under `name`
+      (rlopt.recipe.Recipe); None: no options.
+    - `distributions`: its library's versions, as cache keys and manifests record them: (key, the pip distributions
+      that provide it, the first installed counting), e.g. ("onnxruntime", ("onnxruntime", "onnxruntime-gpu")).
+    Where it runs:
+    - `unavailable(facts)`: None when its artifacts can run here, else one line saying why (the skip reason).
+    - `build_unavailable(config)`: why this machine cannot build it (None: it can try); GEMM padding counts only
+      backends that can.
+    - `threads(facts)`: the threads it computes with (an int, or a line saying whose default).
+    - `native`: its artifacts are native code, loaded from a checked private copy; `runtime_env`: settings under
+      which its library loads only its runtime (processes that never compile, rlopt.backends.runtime_only_process).
+    What the generic layers ask:
+    - `pads_gemm(config)`: whether `pad_gemm: auto` pads the ONNX graph for it (its target's matrix units want aligned
+      dims); None: it does not read the ONNX graph.
+    - `triton`: how Triton serves its artifacts (None: not in MODEL_DIR/triton).
+    - `refit`: "module:function" of its RefitHook (new weights without recompiling); None: `rlopt refit` refuses it.
+    - `one_thread(facts)`: the facts to open a runner that computes on its calling thread alone (refit then gates it
+      side by side, one per core); None: it cannot.
+    - `mixed_options`: the facts update it is opened with in an `auto` route that mixes backends (ONNX Runtime: its
+      pool does not spin); `timed_apart`: `auto` times it alone in a process of its own (a spinning pool beside other
+      backends' idle pools reads slower than a session routed to it alone runs it); `auto`: "module:attribute" of its
+      AutoTuning (configurations `auto` chooses between per shape); `stall_floor(facts)`: per shape label, the latency
+      a call falls back to when its thread pool stalls (`auto` counts it at no less).
+    - `upgrade_v1_facts(network facts)`: its own keys of a schema 1 manifest's network facts, moved into the current
+      layout (removed from the dict, returned as `RoutePlan.options` of this backend).
+    """
+
+    name: str
+    module: str
+    runner: str
+    unavailable: Callable[[Any], str | None]
+    threads: Callable[[Any], int | str]
+    stages: tuple[str, ...] = ()
+    facts: type[ArtifactFacts] = ArtifactFacts
+    config: type[BaseModel] | None = None
+    distributions: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    build_unavailable: Callable[[Any], str | None] = lambda config: None
+    native: bool = False
+    runtime_env: tuple[tuple[str, str], ...] = ()
+    pads_gemm: Callable[[Any], bool] | None = None
+    triton: TritonModel | None = None
+    refit: str | None = None
+    one_thread: Callable[[Any], Any] | None = None
+    mixed_options: Mapping[str, Any] = field(default_factory=dict)
+    timed_apart: bool = False
+    auto: str | None = None
+    stall_floor: Callable[[Any], dict[str, float]] | None = None
+    upgrade_v1_facts: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def runner_class(self) -> Any:
+        return load_path(self.runner)
+
+    def refit_hook(self) -> Any:
+        return load_path(self.refit) if self.refit else None
+
+    def auto_tuning(self) -> AutoTuning | None:
+        return load_path(self.auto) if self.auto else None  # type: ignore[no-any-return]
+
+
+__all__ = ["AutoTuning", "Backend", "Table", "TritonModel", "TunedRoute", "load_path"]
