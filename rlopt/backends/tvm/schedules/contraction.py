@@ -226,6 +226,13 @@ def schedule_tile(sch: Any, block: Any, tile: Tile, epilogue: Any, n_batch: int,
         sch.parallel(sch.fuse(*outer, no, mo))
     if contiguous_out:
         vectorize_inner(sch, epilogue, tile.lanes)
+    else:
+        # a convolution's output is contiguous along the tile's rows (output positions), not its columns (output
+        # channels): the epilogue walks the rows innermost, as one vector (measured 2.7x on a 3x3 16->32 conv at
+        # [8, 16, 34, 34], where the scalar epilogue cost as much as the products)
+        rows, cols = sch.get_loops(epilogue)[-2:]
+        sch.reorder(cols, rows)
+        sch.vectorize(rows)
     sch.unroll(mi)
     sch.unroll(nj)
     sch.vectorize(lane)
