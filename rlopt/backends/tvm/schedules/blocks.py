@@ -69,11 +69,3 @@ def single_epilogue(sch: Any, epilogue: list[Any]) -> Any | None:
     if len(remaining) > 1:
         raise Refused(f"{len(remaining)} epilogue blocks stay after inlining")
     return remaining[0] if remaining else None
-
-
-def float32_only(func: Any) -> None:
-    """The micro-kernels count fp32 lanes: other element types keep the default loops."""
-    for param in func.params:
-        dtype = str(getattr(param.ty, "dtype", "float32"))
-        if dtype not in ("float32", "int64", "int32", "bool"):
-            raise Refused(f"{dtype} buffers")
