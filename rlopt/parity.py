@@ -237,6 +237,23 @@ class ParityAccumulator:
         )
 
 
+def failure_reasons(parity: Parity) -> str:
+    """What a failed parity says, one clause per failing output, each naming it (a NaN in PyTorch's output or in the
+    compiled one says NaN); '' when it passed."""
+    if parity.passed:
+        return ""
+    if parity.compared == 0:
+        return "nothing was compared"
+    clauses = []
+    for out in parity.outputs:
+        if out.passed:
+            continue
+        reason = out.reason or (f"outside atol/rtol (max_abs {out.max_abs:.3g}, max_rel {out.max_rel:.3g}; atol "
+                                f"{out.needed_atol:.3g} would pass)")
+        clauses.append(reason if f"'{out.name}'" in reason else f"output '{out.name}': {reason}")
+    return "; ".join(clauses)
+
+
 def run_parity(infer: Callable[[dict[str, np.ndarray]], list[np.ndarray]], reference: Any, kind: str,
                distribution: str, tol: Tolerance) -> Parity:
     """Every recorded sample through `infer`, compared with PyTorch's outputs (the one parity gate).

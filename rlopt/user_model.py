@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,23 @@ def resolve_factory(spec: ModelSpec, recipe_path: Path) -> Any:
     return factory
 
 
-def load_state_dict(path: Path, recipe_path: Path) -> dict[str, Any]:
+def unreadable_checkpoint(path: Path, exc: BaseException) -> str:
+    """Why torch.load(weights_only=True) or safetensors refused `path`, in a few words: torch's own message is a
+    paragraph on its `weights_only` default that fits no one-line error."""
+    text = str(exc)
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if refused:
+        return f"cannot read '{path.name}': it pickles {refused.group(1)}, not a state_dict of tensors"
+    if "WeightsUnpickler error" in text or type(exc).__name__ in ("UnpicklingError", "BadZipFile", "EOFError") or \
+            "PytorchStreamReader" in text:
+        return f"cannot read '{path.name}': not a file torch.save wrote, or a damaged one ({type(exc).__name__})"
+    return f"cannot read '{path.name}' as a weights-only state_dict ({describe_exception(exc)[:160]})"
+
+
+def load_state_dict(path: Path, recipe_path: Path, field: str = "model.checkpoint") -> dict[str, Any]:
+    """The state_dict in `path` (.pt through torch.load(weights_only=True), or .safetensors); every problem is one
+    RecipeError line located at `recipe_path` / `field`."""
     torch = require("torch")
-    field = "model.checkpoint"
     if not path.is_file():
         raise RecipeError(located(recipe_path, field, f"checkpoint '{path}' not found", "give a path relative to the recipe"))
     try:
@@ -68,8 +83,8 @@ def load_state_dict(path: Path, recipe_path: Path) -> dict[str, Any]:
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load / safetensors raise many unrelated types for a bad file
-        raise RecipeError(located(recipe_path, field, f"cannot read '{path.name}' as a weights-only state_dict "
-                                  f"({describe_exception(exc)})", "save it with torch.save(model.state_dict(), path)")) from None
+        raise RecipeError(located(recipe_path, field, unreadable_checkpoint(path, exc),
+                                  "save it with torch.save(model.state_dict(), path)")) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise RecipeError(located(recipe_path, field, f"'{path.name}' is not a state_dict (name -> tensor)",
                                   "save it with torch.save(model.state_dict(), path)"))

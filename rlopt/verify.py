@@ -18,7 +18,7 @@ from rlopt.backends.base import Infer, Runner
 from rlopt.errors import ArtifactError, BackendUnavailable, describe_exception
 from rlopt.facts import ArtifactFacts, VariantParity
 from rlopt.manifest import FileRecord, NetworkRecord, Parity, checked_file, read_manifest
-from rlopt.parity import Tolerance, run_parity
+from rlopt.parity import Tolerance, failure_reasons, run_parity
 from rlopt.reference import Reference, one_torch_thread
 from rlopt.runtime import open_artifact
 
@@ -53,13 +53,14 @@ class GateResult:
         return self.error is None and self.parity is not None and self.parity.passed
 
     def failure(self, subject: str) -> str | None:
-        """One line for the failure list ('<network>/<backend>' as `subject`), None when the gate passed."""
+        """One line for the failure list ('<network>/<backend>' or the artifact's path as `subject`), None when the
+        gate passed."""
+        variant = f" ({self.failed_variant})" if self.failed_variant else ""
         if self.error is not None:
-            return f"{subject}: running the artifact raised {self.error}"
+            return f"{subject}{variant}: running the artifact raised {self.error}"
         if self.parity is None or self.parity.passed:
             return None
-        variant = f" ({self.failed_variant})" if self.failed_variant else ""
-        return f"{subject}{variant}: parity failed (max_abs {self.parity.max_abs:.3g})"
+        return f"{subject}{variant}: parity failed: {failure_reasons(self.parity)}"
 
 
 def gate_runner(runner: Runner, reference: Reference, kind: str, distribution: str, tolerance: Tolerance, *,
@@ -103,7 +104,7 @@ def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, to
         except Exception as exc:  # a trick that cannot run is a trick not used
             result.variant_parity[variant] = {"passed": False, "error": describe_exception(exc)}
             if trusted is not None:
-                result.error = f"{variant}: {describe_exception(exc)}"
+                result.error, result.failed_variant = describe_exception(exc), variant
                 return result
             continue
         result.variant_parity[variant] = extra.model_dump(mode="json")
@@ -119,7 +120,12 @@ def _gate(runner: Runner, reference: Reference, kind: str, distribution: str, to
         samples = variant_samples if serves else 1
         subset = reference if samples is None else reference.head(
             samples, None if serves or not code_unchanged else [reference.smallest_point()])
-        extra = check_parity(infer, subset, kind, distribution, tolerance)
+        try:
+            extra = check_parity(infer, subset, kind, distribution, tolerance)
+        except Exception as exc:  # a required path that cannot run on recorded inputs fails the gate, named
+            result.variant_parity[variant] = {"passed": False, "error": describe_exception(exc)}
+            result.error, result.failed_variant = describe_exception(exc), variant
+            return result
         result.variant_parity[variant] = extra.model_dump(mode="json")
         if not extra.passed:
             result.parity, result.failed_variant = extra, variant
@@ -216,6 +222,10 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
             except ArtifactError as exc:
                 report.findings.append(Finding(name, backend, False, str(exc)))
                 continue
+            except Exception as exc:  # the library refused a file whose sha256 matched: it does not run here
+                report.findings.append(Finding(name, backend, False,
+                                               f"{artifact.path}: opening it raised {describe_exception(exc)}"))
+                continue
             gate = facts.parity_gate  # reduced-precision artifacts carry their own gate
             used = Tolerance(gate.atol, gate.rtol, gate.max_kl) if gate else tol
             try:
@@ -226,10 +236,12 @@ def verify_model_dir(model_dir: Path | str) -> VerifyReport:
             finally:
                 runner.close()
             if result.error is not None:
-                report.findings.append(Finding(name, backend, False, f"running the artifact raised {result.error}"))
+                report.findings.append(Finding(name, backend, False, result.failure(str(artifact.path)) or ""))
                 continue
             parity = result.parity
             assert parity is not None  # set whenever the runner did not raise
-            detail = f"parity ok over {parity.compared} samples" if parity.passed else "parity FAILED"
+            variant = f" ({result.failed_variant})" if result.failed_variant else ""
+            detail = f"parity ok over {parity.compared} samples" if parity.passed else \
+                f"parity FAILED{variant}: {failure_reasons(parity)}"
             report.findings.append(Finding(name, backend, parity.passed, detail, parity))
     return report

@@ -188,6 +188,16 @@ def run_rlopt(*args: str, cwd: Path | None = None, timeout: float = 300) -> subp
     return cli_launcher.launcher().run(*args, cwd=cwd, env=env, timeout=timeout)
 
 
+SLOW_TIMEOUT_S = 900  # a slow test (a MetaSchedule tune, a full-size recipe) may take minutes; a hang still fails
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests get SLOW_TIMEOUT_S unless they name their own limit; every other test has pyproject's `timeout`."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     cli_launcher.close_launcher()
 

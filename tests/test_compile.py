@@ -87,6 +87,78 @@ def test_verify_passes_then_names_each_flipped_file(tiny_copy: Path) -> None:
     assert verify_model_dir(tiny_copy).passed
 
 
+def test_verify_names_the_artifact_whose_backend_raises(tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend raising on the recorded inputs (TVM's dynamic library here) or refusing to open a file whose sha256
+    matched is a failed verification naming the artifact, not an internal error (exit 3)."""
+    from rlopt.backends.onnxruntime.runner import OnnxRuntimeRunner
+    from rlopt.backends.tvm.runner import TvmRunner
+
+    def raising(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        raise RuntimeError("kernel crashed")
+
+    monkeypatch.setattr(TvmRunner, "parity_variants", lambda self: {"dynamic": raising})
+    monkeypatch.setattr(OnnxRuntimeRunner, "__init__", lambda self, *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no such provider")))
+    report = verify_model_dir(tiny_compiled)
+    failed = {(f.network, f.subject): f.detail for f in report.findings if not f.ok}
+    assert failed[("policy", "tvm")] == "policy/tvm-llvm.so (dynamic): running the artifact raised RuntimeError: " \
+        "kernel crashed"
+    assert failed[("policy", "onnxruntime")] == "policy/model.onnx: opening it raised RuntimeError: no such provider"
+    assert len(failed) == 4 and not report.passed, failed
+
+
+def test_compile_fails_verification_naming_an_artifact_its_backend_cannot_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.backends.onnxruntime.runner import OnnxRuntimeRunner
+    from rlopt.compile.cache import StageCache
+
+    monkeypatch.setattr(OnnxRuntimeRunner, "__init__", lambda self, *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no such provider")))
+    from rlopt.compile import compile_recipe
+
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    result = compile_recipe(recipe, tmp_path / "out", cache=StageCache(tmp_path / "cache", enabled=False))
+    assert result.failures == [line for n in ("policy", "value") for line in (
+        f"{n}/onnxruntime: {n}/model.onnx: opening it raised RuntimeError: no such provider",
+        f"{n}: no backend was built and verified")]
+
+
+def test_a_nan_weight_fails_compile_and_verify_saying_nan_and_naming_the_output(tmp_path: Path) -> None:
+    """Contract section 7: a NaN in the reference fails, naming the output; verify says so too, not only 'FAIL'."""
+    import torch
+
+    from rlopt.compile import compile_recipe
+    from tests.refit.conftest import tiny_model
+
+    recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")
+    state = tiny_model(tmp_path).state_dict()
+    state["policy.fc1.weight"][0, 0] = float("nan")
+    torch.save(state, tmp_path / "nan.pt")
+    recipe.write_text(recipe.read_text().replace("  seed: 3\n", "  checkpoint: nan.pt\n"))
+    result = compile_recipe(recipe, tmp_path / "out")
+    nan = "parity failed: PyTorch's output 'logits' holds NaN at (0, 0, 0, 0) (min, first index = sample)"
+    assert f"policy/onnxruntime: {nan}: nothing to compare against" in result.failures, result.failures
+    proc = run_rlopt("verify", str(tmp_path / "out"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "policy/onnxruntime: parity FAILED: PyTorch's output 'logits' holds NaN at" in proc.stderr, proc.stderr
+
+
+def test_verify_says_nan_where_a_backend_gives_nan(tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.backends.onnxruntime.runner import OnnxRuntimeRunner
+
+    infer = OnnxRuntimeRunner.infer
+
+    def with_nan(self: OnnxRuntimeRunner, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = [np.array(o, copy=True) for o in infer(self, feeds)]
+        outputs[0].flat[0] = np.nan
+        return outputs
+
+    monkeypatch.setattr(OnnxRuntimeRunner, "infer", with_nan)
+    failed = {(f.network, f.subject): f.detail for f in verify_model_dir(tiny_compiled).findings if not f.ok}
+    assert failed[("value", "onnxruntime")].startswith(
+        "parity FAILED: output 'value' is NaN at (0, 0, 0, 0) where PyTorch gives a number"), failed
+
+
 def test_flipped_artifact_is_never_loaded(tiny_copy: Path) -> None:
     path = tiny_copy / "policy" / "tvm-llvm.so"
     data = bytearray(path.read_bytes())
@@ -160,7 +232,7 @@ def test_cli_compile_json_and_parity_failure_exits_1(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     document = json.loads(proc.stdout)
     assert document["passed"] is False and any("onnxruntime" in f for f in document["failures"])
-    assert "verification failed" in proc.stderr and "atol that would pass" in proc.stderr
+    assert "verification failed" in proc.stderr and "atol to pass" in proc.stderr
     manifest = read_manifest(tmp_path / "out")
     assert manifest.networks["policy"].artifacts["torchscript"].verified, "bit-exact backend still passes at atol 0"
     assert not manifest.networks["policy"].artifacts["onnxruntime"].verified

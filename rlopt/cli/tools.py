@@ -100,7 +100,8 @@ def tune_command(
     from rlopt.render import stderr, stdout
     from rlopt.backends.tvm.measuring import RpcSpec
     from rlopt.tools.tune import tune_recipe
-    from rlopt.tools.tune.progress import TuneProgress, result_table
+    from rlopt.render.tune import result_table
+    from rlopt.tools.tune.progress import TuneProgress
 
     rpc = RpcSpec.parse(rpc_tracker, rpc_key) if rpc_tracker else None
     with TuneProgress(stderr) as progress:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rlopt.backends import BACKENDS, open_runner
-from rlopt.errors import BackendUnavailable
+from rlopt.errors import BackendUnavailable, describe_exception
 from rlopt.facts import ArtifactFacts
 from rlopt.manifest import BackendRecord, Latency, file_record, sha256_file
 from rlopt.parity import Tolerance
@@ -46,7 +46,9 @@ class VerifyBackend(Stage):
     """Parity and latency of one built backend; reused from the cache when artifact, reference and gate are unchanged."""
 
     name, inputs, cached, machine_dependent = "verify", ("reference.npz",), True, True
-    helpers = ("rlopt.verify", "rlopt.parity")  # the gate: a changed gate re-runs, not a cached verdict
+    # the gate and the timing (the runner's package is in `config`): a changed one re-runs, not a cached verdict
+    helpers = ("rlopt.verify", "rlopt.parity", "rlopt.timing", "rlopt.reference", "rlopt.facts", "rlopt.runtime.routes",
+               "rlopt.backends", "rlopt.backends.base", "rlopt.arrays", "rlopt.onnx_session")
 
     def __init__(self, backend: str, output: StageOutput, tol: Tolerance, identity: Any = None) -> None:
         self.backend, self.output, self.tol, self.identity = backend, output, tol, identity
@@ -92,6 +94,9 @@ class VerifyBackend(Stage):
         except BackendUnavailable as exc:
             base.facts = base.facts.updated(verified=False, not_verified=str(exc))
             return base, None
+        except Exception as exc:  # the library refused the artifact it just built: a failed verification, named
+            base.facts = base.facts.updated(verify_error=f"opening it raised {describe_exception(exc)}")
+            return base, f"{ctx.name}/{backend}: {record.path}: opening it raised {describe_exception(exc)}"
         try:
             gate = gate_runner(runner, reference, spec.kind, spec.distribution, tol, variant_samples=VARIANT_SAMPLES,
                                facts=base.facts)
@@ -101,9 +106,7 @@ class VerifyBackend(Stage):
                 base.facts = base.facts.updated(verify_error=gate.error)
             failure = gate.failure(f"{ctx.name}/{backend}")
             if failure is not None:
-                reason = next((o.reason for o in gate.parity.outputs if not o.passed and o.reason), "") \
-                    if gate.parity is not None else ""
-                return base, failure + (f": {reason}" if reason else "")
+                return base, failure
             if gate.serving is not None and gate.serving_infer is not None:
                 _time_variant(base, gate.serving, gate.serving_infer, reference)
             base.latency_us = {

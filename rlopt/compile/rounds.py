@@ -27,6 +27,7 @@ from rlopt.manifest import NetworkRecord
 from rlopt.reference import Reference
 from rlopt.runtime import Session, unbucketed_variant
 from rlopt.runtime.routes import OTHER, Table
+from rlopt.timing import warm_until_steady
 
 ROUNDS = 15
 BURST_CALLS = 7  # timed calls per (backend, shape) block after one untimed: the bench protocol's block of 8
@@ -34,6 +35,7 @@ CELL_BUDGET_S = 0.005  # ... fewer where that many would take longer than this (
 GAP_S = 0.001  # idle before each block: a bench worker is woken for its block, a serving loop calls between steps
 SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
 BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
+WARM_CAP_S = 1.0  # the most one cell is warmed before the rounds
 FRESH_TIMEOUT_S = 120.0
 Call = Callable[[], object]
 Cells = dict[tuple[str, str], Call]
@@ -88,8 +90,9 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     counts: dict[tuple[str, tuple[str, str]], int] = {}
     for config, cells in configurations.items():
         for cell, call in cells.items():
-            call()
-            call()  # a Session binds its per-thread call on the second call of a signature
+            # a fresh runner's first calls are not its speed (a JIT specializing, a pool starting; a Session binds
+            # its per-thread call on the second call of a signature)
+            warm_until_steady(call, cap_s=WARM_CAP_S, clock=time.perf_counter_ns)
             known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
             estimate = float(known) if known else block_median(call, 1)
             counts[config, cell] = int(min(BURST_CALLS, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))

@@ -59,7 +59,7 @@ def factory_model(source: ModelSourceFacts, checkpoint: Path, model_dir: Path) -
         raise UsageError(located(checkpoint, "--checkpoint", "not found", "give the path of the new state_dict"))
     spec = ModelSpec(factory=source.factory, kwargs=source.kwargs or {}, seed=source.seed or 0)
     model, _ = build_model(spec, model_dir / "recipe.yaml")
-    state = load_state_dict(checkpoint, checkpoint)
+    state = load_state_dict(checkpoint, checkpoint, field="--checkpoint")
     check_state(model.state_dict(), state, checkpoint, "model")
     model.load_state_dict(state)
     return model.eval()

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from rlopt.render.fit import FittedTable
 from rlopt.tools.bench.schema import BenchReport
 
 
@@ -16,13 +16,15 @@ def _us(value: float) -> str:
     return f"{value / 1000:.2f} ms" if value >= 1000 else f"{value:.1f} us"
 
 
-def bench_tables(report: BenchReport) -> list[Table]:
-    """One rich table per network: shape x candidate, fastest first."""
+def bench_tables(report: BenchReport) -> list[FittedTable]:
+    """One table per network: shape x candidate, fastest first."""
     tables = []
     for net in report.networks:
-        table = Table(title=f"{net.network}: median / p99 per call, x = median / best ONNX Runtime median")
-        for column in ("shape", "candidate", "median", "p99", "x ORT best", "GFLOP/s", "first call"):
-            table.add_column(column, justify="right", overflow="fold")
+        table = FittedTable(f"{net.network}: median / p99 per call, x = median / best ONNX Runtime median")
+        for column in ("shape", "candidate"):
+            table.add_column(column, justify="right")
+        for column in ("median", "p99", "x ORT best", "GFLOP/s", "first call"):
+            table.add_column(column, justify="right", wrap=False)
         for shape in net.shapes:
             label = f"{shape.point} " + " ".join("x".join(map(str, d)) for d in shape.shape.values())
             for i, r in enumerate(shape.results):
@@ -41,7 +43,6 @@ def bench_tables(report: BenchReport) -> list[Table]:
     if tables and report.warnings:
         tables[-1].caption += escape("; WARNING: " + "; ".join(report.warnings))
     return tables
-
 
 
 @contextmanager

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from rlopt.render.fit import FittedTable
 from rlopt.tools.diff.report import checks, drift_text, ratio_text, shape_name
 from rlopt.tools.diff.schema import DiffReport
 
@@ -19,13 +19,18 @@ def _us(value: float | None) -> str:
     return f"{value / 1000:.2f} ms" if value >= 1000 else f"{value:.1f} us"
 
 
-def latency_table(report: DiffReport) -> Table:
+def latency_table(report: DiffReport) -> FittedTable:
     """Per network and named shape: each selected route timed now, the ratio, the A/A noise, the verdict."""
     limit = report.thresholds.max_latency_ratio
-    table = Table(title=f"latency of the selected route, timed now: new / old (regression above {limit:g} "
+    table = FittedTable(f"latency of the selected route, timed now: new / old (regression above {limit:g} "
                         "and the A/A noise)")
-    for column in ("network", "shape", "route (old -> new)", "old", "new", "new / old", "A/A noise", "verdict"):
-        table.add_column(column, overflow="fold")
+    for column in ("network", "shape", "route (old -> new)"):
+        table.add_column(column)
+    for column in ("old", "new"):
+        table.add_column(column, justify="right", wrap=False)
+    for column in ("new / old", "A/A noise"):
+        table.add_column(column, justify="right")
+    table.add_column("verdict", detail=True)
     for network in report.networks:
         for row in network.latency:
             route = row.new_route if row.old_route == row.new_route else f"{row.old_route} -> {row.new_route}"
@@ -38,12 +43,13 @@ def latency_table(report: DiffReport) -> Table:
     return table
 
 
-def checks_table(report: DiffReport) -> Table:
+def checks_table(report: DiffReport) -> FittedTable:
     """Per network: drift, routes, backends and files (what changed), each check's verdict."""
     limit = report.thresholds.max_drift_kl
-    table = Table(title="drift and changes, NEW_DIR against OLD_DIR")
-    for column in ("network", "check", "result", "detail"):
-        table.add_column(column, overflow="fold")
+    table = FittedTable("drift and changes, NEW_DIR against OLD_DIR")
+    for column in ("network", "check", "result"):
+        table.add_column(column)
+    table.add_column("detail", detail=True)
     for network in report.networks:
         for check in checks(network, report.thresholds.max_latency_ratio):
             if check.name.startswith("latency "):
@@ -69,7 +75,7 @@ def checks_table(report: DiffReport) -> Table:
     return table
 
 
-def diff_tables(report: DiffReport) -> list[Table]:
+def diff_tables(report: DiffReport) -> list[FittedTable]:
     return [latency_table(report), checks_table(report)]
 
 

@@ -9,6 +9,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from rlopt.render.fit import FittedTable
 from rlopt.tools.warmup.driver import LIVE_WINDOW_S
 from rlopt.tools.warmup.schema import LatencySummary, LiveStatus, WarmupReport
 
@@ -50,15 +51,16 @@ class LiveDisplay:
         self._live.update(table, refresh=True)
 
 
-def report_table(report: WarmupReport) -> Table:
+def report_table(report: WarmupReport) -> FittedTable:
     """The human summary: one row per shape, cold (before steady state) vs steady; p95 is in the JSON."""
-    steady = "not reached" if report.time_to_steady_s is None else f"{report.time_to_steady_s:.2f} s"
-    table = Table(title=f"warmup {report.network} on {report.backend}: {report.requests} requests in "
+    steady = "steady state not reached" if report.time_to_steady_s is None else \
+        f"steady state at {report.time_to_steady_s:.2f} s"
+    table = FittedTable(f"warmup {report.network} on {report.backend}: {report.requests} requests in "
                         f"{report.elapsed_s:.1f} s from {report.concurrency} thread(s), load {report.load_ms:.0f} ms, "
-                        f"steady state at {steady}" + (" [yellow](interrupted)[/]" if report.interrupted else ""))
-    for column in ("shape", "share", "requests", "req/s", "first call ms", "cold p50 / p99 ms", "steady at s",
-                   "steady p50 / p99 ms"):
-        table.add_column(column, justify="right", overflow="fold")
+                        f"{steady}" + (" [yellow](interrupted)[/]" if report.interrupted else ""))
+    for column in ("shape", "share", "requests", "req/s", "first call ms", "cold p50 / p99 ms", "steady at s"):
+        table.add_column(column, justify="right", wrap=column in ("shape", "cold p50 / p99 ms"))
+    table.add_column("steady p50 / p99 ms", justify="right", detail=True)
 
     def pair(summary: LatencySummary | None) -> str:
         return "-" if summary is None else f"{_ms(summary.p50_ms)} / {_ms(summary.p99_ms)}"

@@ -71,7 +71,7 @@ class Script(Stage):
 
 class RecordReference(Stage):
     name, inputs, outputs, cached = "reference", ("module",), ("reference.npz",), True
-    helpers = ("rlopt.reference",)
+    helpers = ("rlopt.reference", "rlopt.arrays")
 
     def config(self, ctx: Context) -> Any:
         verify = ctx.recipe.verify
@@ -101,7 +101,7 @@ class RecordReference(Stage):
 class ExportOnnx(Stage):
     name, inputs, outputs, cached = "onnx", ("model.ts",), ("model.onnx",), True
     helpers = ("rlopt.stages.export_onnx", "rlopt.stages.control_flow", "rlopt.stages.shape_probe",
-               "rlopt.stages.weight_map", "rlopt.onnx_graph")
+               "rlopt.stages.weight_map", "rlopt.onnx_graph", "rlopt.reference", "rlopt.arrays")
 
     def config(self, ctx: Context) -> Any:
         verify = ctx.recipe.verify

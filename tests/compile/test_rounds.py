@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,23 +12,41 @@ from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
 
 
-def test_interleaved_medians_time_every_cell_of_every_configuration() -> None:
-    def sleeper(us: float):
-        """Busy for `us` (time.sleep's wake-up under load took 3.5 ms for 200 us, drowning the difference)."""
-        def busy() -> None:
-            end = time.perf_counter() + us / 1e6
-            while time.perf_counter() < end:
-                pass
-        return busy
+class FakeClock:
+    """`time` for rlopt.compile.rounds: a call costs what the test says, sleeping advances the clock; no wall clock."""
 
-    configurations = {"alone a": {("a", "s"): sleeper(200)},
-                      "together": {("a", "s"): sleeper(200), ("b", "s"): sleeper(1000)}}
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def monotonic(self) -> float:
+        return self.ns / 1e9
+
+    def sleep(self, seconds: float) -> None:
+        self.ns += int(seconds * 1e9)
+
+    def costing(self, *us: float):
+        """A call costing us[0], then us[1], ... (the last one from then on)."""
+        costs = list(us)
+
+        def call() -> None:
+            self.ns += int((costs.pop(0) if len(costs) > 1 else costs[0]) * 1e3)
+        return call
+
+
+def test_interleaved_medians_time_every_cell_of_every_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.compile import rounds as rounds_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(rounds_module, "time", clock)
+    configurations = {"alone a": {("a", "s"): clock.costing(900, 900, 200)},  # the first calls are not its speed
+                      "together": {("a", "s"): clock.costing(200), ("b", "s"): clock.costing(1000)}}
     medians, rounds = interleaved_medians(configurations, rounds=3)
     assert rounds == 3
-    assert set(medians) == set(configurations) and set(medians["together"]) == {("a", "s"), ("b", "s")}
-    assert medians["together"]["b", "s"] > 3 * medians["together"]["a", "s"]
-    assert 200 <= medians["alone a"]["a", "s"] < 20000
-    slow = {"c": {("a", "s"): sleeper(20_000)}}
+    assert medians == {"alone a": {("a", "s"): 200.0}, "together": {("a", "s"): 200.0, ("b", "s"): 1000.0}}
+    slow = {"c": {("a", "s"): clock.costing(20_000)}}
     _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
     assert rounds == 1, "no round starts once the budget is spent, but one always runs"
 

@@ -134,6 +134,33 @@ def test_cli_refusal_is_one_line_exit_2(model_copy: Path, tmp_path: Path) -> Non
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unreadable_checkpoint_is_one_short_line(model_copy: Path, tmp_path: Path) -> None:
+    """torch's own message (a paragraph on its weights_only default) is not quoted: one line says what the file is."""
+    import torch
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(bytes(range(256)) * 2)
+    whole = tmp_path / "whole.pt"
+    torch.save(torch.nn.Linear(2, 2), whole)
+    for checkpoint, needle in ((garbage, "not a file torch.save wrote, or a damaged one (UnpicklingError)"),
+                               (whole, "it pickles torch.nn.modules.linear.Linear, not a state_dict of tensors")):
+        proc = run_rlopt("refit", str(model_copy), "--checkpoint", str(checkpoint))
+        line = assert_one_line_error(proc, 2, f"{checkpoint}: --checkpoint: cannot read '{checkpoint.name}': ", needle,
+                                     "fix: save it with torch.save(model.state_dict(), path)")
+        assert len(line) - len(str(checkpoint)) < 200 and "PyTorch 2.6" not in line, line
+
+
+def test_a_nan_weight_fails_the_gate_saying_nan_and_naming_the_output(model_copy: Path, tmp_path: Path) -> None:
+    state = tiny_model(_recipe_folder(model_copy)).state_dict()
+    state["policy.fc1.weight"][0, 0] = float("nan")
+    before = _listing(model_copy)
+    with pytest.raises(VerificationError) as caught:
+        rlopt.refit(model_copy, save_state(state, tmp_path / "nan.pt"))
+    message = str(caught.value)
+    assert "policy/torchscript: parity failed: PyTorch's output 'logits' holds NaN at" in message, message
+    assert _listing(model_copy) == before
+
+
 def test_model_dir_from_an_older_rlopt_is_refused_naming_the_rebuild(model_copy: Path, tmp_path: Path) -> None:
     reseal(model_copy, lambda doc: doc["networks"]["value"]["facts"]["onnx"].pop("weight_map"))
     checkpoint = save_state(perturbed_state(_recipe_folder(model_copy)), tmp_path / "new.pt")

@@ -41,6 +41,9 @@ def _off(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [feeds["x"][..., :2] * 2 + 1.0]
 
 
+OFF_BY_ONE = "output 'y': outside atol/rtol (max_abs 1, max_rel 112; atol 1 would pass)"
+
+
 def _raises(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     raise RuntimeError("boom")
 
@@ -126,14 +129,23 @@ def test_a_required_path_that_fails_fails_the_gate_with_its_parity() -> None:
     result = gate_runner(runner, _reference(), "value", "categorical", TOL, variant_samples=4)
     assert not result.passed and result.failed_variant == "dynamic"
     assert result.parity is not None and result.parity.max_abs == pytest.approx(1.0)
-    assert result.failure("net/tvm") == "net/tvm (dynamic): parity failed (max_abs 1)"
+    assert result.failure("net/tvm") == f"net/tvm (dynamic): parity failed: {OFF_BY_ONE}"
     assert result.variant_parity["dynamic"]["passed"] is False
+
+
+def test_a_required_path_that_raises_fails_the_gate_naming_it() -> None:
+    runner = StandIn(required={"dynamic": _raises})
+    result = gate_runner(runner, _reference(), "value", "categorical", TOL, variant_samples=4)
+    assert not result.passed and result.failed_variant == "dynamic" and result.error == "RuntimeError: boom"
+    assert result.failure("policy/tvm-llvm.so") == "policy/tvm-llvm.so (dynamic): running the artifact raised " \
+        "RuntimeError: boom"
+    assert result.variant_parity["dynamic"] == {"passed": False, "error": "RuntimeError: boom"}
 
 
 def test_the_main_path_failing_or_raising_stops_the_gate_before_any_variant() -> None:
     failing = StandIn(main=_off, required={"dynamic": _exact}, tricks={"padded": _exact})
     result = gate_runner(failing, _reference(), "value", "categorical", TOL, variant_samples=4)
-    assert result.failure("n/b") == "n/b: parity failed (max_abs 1)" and result.variant_parity == {}
+    assert result.failure("n/b") == f"n/b: parity failed: {OFF_BY_ONE}" and result.variant_parity == {}
     assert set(failing.calls) == {"main"}
     raising = gate_runner(StandIn(main=_raises), _reference(), "value", "categorical", TOL, variant_samples=4)
     assert raising.parity is None and raising.error == "RuntimeError: boom"
@@ -148,4 +160,4 @@ def test_verify_mode_checks_every_sample_and_only_the_tricks_the_manifest_trusts
     assert runner.calls["other"] == 2 * SAMPLES and runner.calls["dynamic"] == 2 * SAMPLES
     trusted_but_broken = gate_runner(StandIn(tricks={"padded": _off}), _reference(), "value", "categorical", TOL,
                                      variant_samples=None, trusted=lambda name: True)
-    assert trusted_but_broken.failure("n/tvm") == "n/tvm (padded): parity failed (max_abs 1)"
+    assert trusted_but_broken.failure("n/tvm") == f"n/tvm (padded): parity failed: {OFF_BY_ONE}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import inspect
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -100,14 +101,27 @@ def agents_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
     key = hashlib.sha256((inspect.getsource(_train) + repr(AGENTS) + repr(ENVS) + stable_baselines3.__version__
                           + sb3_contrib.__version__ + torch.__version__).encode()).hexdigest()[:12]
-    cache = getattr(request.config, "cache", None)   # absent under -p no:cacheprovider: train into a temp dir
-    folder = Path(cache.mkdir(f"rlopt-sb3-agents-{key}")) if cache else tmp_path_factory.mktemp("sb3-agents")
-    with open(folder / "train.lock", "w") as lock, warnings.catch_warnings():  # xdist workers train once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        warnings.simplefilter("ignore")
-        for name in AGENTS:
-            if not (folder / f"{name}.zip").is_file():
-                _train(name, folder)
+    cache = getattr(request.config, "cache", None)   # absent under -p no:cacheprovider: train into the run's temp dir
+    if cache:
+        folder = Path(cache.mkdir(f"rlopt-sb3-agents-{key}"))
+    elif os.environ.get("PYTEST_XDIST_WORKER"):  # the workers of one run share it, as they share the stage cache
+        folder = tmp_path_factory.getbasetemp().parent / f"rlopt-sb3-agents-{key}"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("sb3-agents")
+    threads = torch.get_num_threads()
+    # a session fixture is set up before the module's one_torch_thread: training on two threads under a busy
+    # machine took 45 s here instead of 3 s
+    torch.set_num_threads(1)
+    try:
+        with open(folder / "train.lock", "w") as lock, warnings.catch_warnings():  # xdist workers train once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            warnings.simplefilter("ignore")
+            for name in AGENTS:
+                if not (folder / f"{name}.zip").is_file():
+                    _train(name, folder)
+    finally:
+        torch.set_num_threads(threads)
     return folder
 
 

@@ -115,3 +115,11 @@ def test_rounding_is_left_to_the_parity_gate_even_at_zero_tolerance(tmp_path: Pa
     nudged = _trace(_Nudged().eval(), torch.ones(2, 3), tmp_path / "nudged.onnx", {"x": {0: "batch"}})
     result = probe_export(nudged, _FixedWindow().eval(), spec, atol=0.0, rtol=0.0)
     assert result.failed is None and result.mismatch_at_example == "" and len(result.checked) == 3
+
+
+def test_a_fully_static_network_is_probed_at_its_one_shape(tmp_path: Path) -> None:
+    """min = opt = max: the recipe's points fold into one (named min); the probe still runs the graph there."""
+    spec = _spec(x=[[2, 3], [2, 3], [2, 3]])
+    path = _trace(_FixedWindow().eval(), torch.ones(2, 3), tmp_path / "static.onnx", {})
+    result = probe_export(path, _FixedWindow().eval(), spec, atol=1e-5, rtol=1e-5)
+    assert result.failed is None and result.mismatch_at_example == "" and result.checked == []

@@ -14,12 +14,12 @@ from tests.tools.common import run_piped
 
 @pytest.mark.slow  # CLI compiles or runs in fresh processes: `make test-all`
 def test_human_table(ort_compiled: Path) -> None:
-    """Piped, with no COLUMNS: the table takes its natural width (rich would wrap it at 80) and the progress
-    goes to stderr as plain lines."""
+    """Piped, with no COLUMNS: the table is laid out at 100 columns, whole, and the progress goes to stderr as
+    plain lines."""
     proc = run_piped("bench", str(ort_compiled), "--network", "value", "--budget", "0.02", "--no-flops")
     assert proc.returncode == 0, proc.stderr
     assert "x ORT best" in proc.stdout and "onnxruntime 1 thread" in proc.stdout and "not run:" in proc.stdout
-    assert max(len(line) for line in proc.stdout.splitlines()) > 80, proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 100 and "…" not in proc.stdout, proc.stdout
     assert "value: median / p99 per call, x = median / best ONNX Runtime median" in proc.stdout
     assert proc.stdout.endswith("\n") and "\r" not in proc.stdout + proc.stderr and "\x1b" not in proc.stdout
     progress = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -41,7 +41,7 @@ def test_tables_mark_the_fastest_and_list_what_did_not_run() -> None:
                                                 skipped=[Skip(candidate="pytorch eager", reason="needs [the recipe]")],
                                                 shapes=[shape])], warnings=["pinned"])
     [table] = bench_tables(report)
-    assert table.row_count == 1 and "[bold green]rlopt tvm[/]" in table.columns[1]._cells
-    assert table.columns[2]._cells == ["1.50 ms"] and table.columns[4]._cells == ["0.50"]
-    assert "not run: pytorch eager: needs \\[the recipe]" in str(table.caption) and "WARNING: pinned" in str(
-        table.caption)
+    [(cells, _)] = table.rows
+    assert cells[1].plain == "rlopt tvm" and cells[1].spans[0].style == "bold green"
+    assert cells[2].plain == "1.50 ms" and cells[4].plain == "0.50"
+    assert "not run: pytorch eager: needs \\[the recipe]" in table.caption and "WARNING: pinned" in table.caption

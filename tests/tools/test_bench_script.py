@@ -3,6 +3,7 @@ tuning column (bench_models)."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -31,13 +32,13 @@ def test_target_needs_reads_a_target_as_shares_of_the_machines_roofs() -> None:
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build scripts/roofline.c")
-def test_roofline_measures_a_peak_and_a_cache_read_that_grows_with_size(tmp_path: Path) -> None:
+def test_roofline_builds_and_reports_a_peak_and_cache_read_times(tmp_path: Path) -> None:
+    """The probe compiles and answers with figures; how fast this machine is belongs to the bench, not to a test."""
     script = _bench_script()
     roofline = script.Roofline(tmp_path)
     assert roofline.binary is not None, roofline.reason
-    assert roofline.peak_gflops(1) > 1.0
-    small, large = roofline.read_us(64 * 1024), roofline.read_us(1024 * 1024)
-    assert 0 < small < large
+    peak, small, large = roofline.peak_gflops(1), roofline.read_us(64 * 1024), roofline.read_us(1024 * 1024)
+    assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in (peak, small, large)), (peak, small, large)
 
 
 def test_roofline_without_a_compiler_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,6 +122,14 @@ def test_reports_are_written_and_the_summary_appended(report: DiffReport, tmp_pa
         write_reports(report, tmp_path / "no" / "such" / "folder.xml", {})
 
 
+@pytest.mark.parametrize("width", [80, 100])
+def test_terminal_tables_fit_80_and_100_columns(report: DiffReport, width: int) -> None:
+    from tests.render.test_tables import assert_fits
+
+    for table in diff_tables(report):
+        assert_fits(table, width)
+
+
 def test_terminal_tables(report: DiffReport) -> None:
     console = Console(file=io.StringIO(), width=300)
     for table in diff_tables(report):

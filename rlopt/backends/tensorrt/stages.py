@@ -15,7 +15,8 @@ class TensorRTEngine(Stage):
     facts_model = TensorRTFacts
     cached, machine_dependent = True, True
     helpers = ("rlopt.backends.tensorrt.build", "rlopt.backends.tensorrt.prepare", "rlopt.backends.tensorrt.adapter",
-               "rlopt.backends.tensorrt.plan", "rlopt.backends.tensorrt.gate")
+               "rlopt.backends.tensorrt.plan", "rlopt.backends.tensorrt.gate", "rlopt.backends.tensorrt.facts",
+               "rlopt.onnx_graph")
 
     def config(self, ctx: Context) -> Any:
         return {"precision": ctx.spec.precision,

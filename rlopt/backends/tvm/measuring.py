@@ -59,10 +59,32 @@ def make_runner(rpc: RpcSpec | None) -> Any:
 
 
 def stop_workers(runner: Any) -> None:
-    """The local runner's measuring process outlives the tune otherwise (TVM frees the runner only at exit)."""
+    """End the runner's worker processes (`tvm.exec.popen_worker`) for good: TVM frees the runner only at exit.
+
+    The pool's own `shutdown(wait=False)` kills the workers it has, but a measurement still queued (the RPC runner
+    queues a whole batch; a spent budget or Ctrl-C leaves some) then starts a fresh worker on its thread, which
+    nothing ever stops. So: cancel what is queued, kill the workers (a running measurement ends with its worker),
+    join the pool's threads, and kill any worker a thread started meanwhile."""
     pool = getattr(runner, "pool", None)
-    if pool is not None:
-        pool.shutdown(wait=False)
+    if pool is None:
+        return
+    threads = getattr(pool, "_threadpool", None)
+    if threads is not None:
+        threads.shutdown(wait=False, cancel_futures=True)
+    # SIGKILL only, until the pool's threads are done: a thread waiting on its worker sees the pipe close and
+    # cleans that worker up itself (TVM's PopenWorker.kill is not safe against a second caller), and one that
+    # started a fresh worker between its lock and its send finds it killed too
+    for _ in range(200):
+        for worker in list(getattr(pool, "_worker_map", {}).values()):
+            process = getattr(worker, "_proc", None)
+            if process is not None and process.poll() is None:
+                process.kill()
+        running = [t for t in getattr(threads, "_threads", ()) if t.is_alive()]
+        if not running:
+            break
+        for thread in running:
+            thread.join(timeout=0.05)
+    pool.shutdown(wait=True)  # closes the pipes and reaps what the threads left
 
 
 __all__ = ["RpcSpec", "make_builder", "make_runner", "stop_workers"]

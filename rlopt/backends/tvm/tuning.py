@@ -122,8 +122,20 @@ class _SilentTuning:
         pass
 
 
+BUDGET_SPENT = "rlopt: the tuning budget is spent"
+
+
 class BudgetSpent(Exception):
-    """Raised from the measure callback to end tuning when --time-budget is spent."""
+    """Raised from the measure callback to end tuning when --time-budget is spent (or Ctrl-C was pressed). It comes
+    back through TVM's FFI as a RuntimeError carrying only its message: `ended_by_budget` tells it by that."""
+
+    def __init__(self) -> None:
+        super().__init__(BUDGET_SPENT)
+
+
+def ended_by_budget(exc: BaseException) -> bool:
+    """Whether `exc`, raised out of MetaSchedule's tune_tasks, is our own BudgetSpent and nothing else."""
+    return isinstance(exc, BudgetSpent) or BUDGET_SPENT in str(exc)
 
 
 def _progress_callback(tasks: list[Task], reporter: TuneReporter, deadline: float | None,
@@ -319,8 +331,8 @@ def tune_workloads(workloads: list[Workload], target_dict: dict[str, Any], direc
                     max_trials_global=max(trials * len(pending), len(to_tune)), max_trials_per_task=trials,
                     num_trials_per_iter=per_iter, builder=builder, runner=runner, database=database,
                     cost_model=kind, measure_callbacks=callbacks)
-            except Exception:  # BudgetSpent comes back through TVM's FFI as its own error type
-                if not stopped[0]:
+            except Exception as exc:  # any error but the budget's own stop is the tune's failure, spent or not
+                if not (stopped[0] and ended_by_budget(exc)):
                     raise
             finally:
                 if previous_handler is not None:

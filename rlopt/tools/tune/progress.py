@@ -1,4 +1,5 @@
-"""Rich display for `rlopt tune`: one row per kernel (task), trials done, best latency; a result table after."""
+"""Rich display for `rlopt tune`: one row per kernel (task), trials done, best latency (the result table after it is
+rlopt.render.tune's)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from rlopt.backends.tvm.tuning import Task, TuneResult
+from rlopt.backends.tvm.tuning import Task
 
 
-def _best(task: Task) -> str:
+def best_text(task: Task) -> str:
     return "-" if task.best_us is None else f"{task.best_us:.1f} us"
 
 
@@ -42,19 +42,8 @@ class TuneProgress:
     def trials_measured(self, task: Task) -> None:
         row = self._rows.get(id(task))
         if row is not None:
-            self._progress.update(row, completed=min(task.done, task.trials), best=_best(task))
+            self._progress.update(row, completed=min(task.done, task.trials), best=best_text(task))
 
     def tuning_finished(self, stopped_by_budget: bool) -> None:
         if stopped_by_budget:
             self._console.print("[yellow]time budget spent: tuning stopped; the next run resumes it[/]")
-
-
-def result_table(result: TuneResult) -> Table:
-    table = Table(title=f"tuned into {result.database} ({result.cost_model} cost model, {result.seconds:.0f} s)")
-    for column in ("kernel", "workloads", "trials", "best"):
-        table.add_column(column, overflow="fold")
-    for task in result.tasks:
-        table.add_row(task.name, ", ".join(task.workloads), str(task.done), _best(task))
-    for task in result.skipped:
-        table.add_row(task.name, ", ".join(task.workloads), f"{task.records} (already tuned)", "-")
-    return table
