@@ -3,7 +3,8 @@
 A shared machine moves a process's timings by more than these cuts are worth, so the call paths are compared in
 one process, K interleaved rounds (scripts/bench_callpath.py's `interleaved`), each ratio paired by round. The
 baseline is git revision REV's `rlopt/runtime/session.py` and `rlopt/backends/tvm/chain.py`, loaded under other
-module names beside this tree's; every variant runs its own TVM runner on the same MODEL_DIR at the min shape:
+module names beside this tree's; every variant runs one TVM runner (the same weight tensors) with a KernelChain of
+its own, at the network's min shape:
 - `REV`: that revision's Session and KernelChain;
 - `+ probe`: this tree's Session (the generated feed probe), REV's chain;
 - `+ setitem`: this tree's chain (the input copied by `buffer[...] = array`), layout kernels kept;
@@ -49,15 +50,15 @@ def baseline_module(revision: str, path: str, name: str, work: Path) -> Any:
     return module
 
 
-def variant(model_dir: Path, network: str, feeds: dict[str, np.ndarray], session_class: Any, record: Any,
+def variant(loaded: Any, feeds: dict[str, np.ndarray], session_class: Any, record: Any,
             chain_class: Any) -> Callable[[], Any]:
-    """A fresh TVM session of `session_class` whose chains are recorded by `record` (bound as `chain_class`)."""
-    import rlopt
+    """A session of `session_class` on `loaded`'s TVM runner (every variant reads the same weight tensors) with its
+    own chain, recorded by `record` and bound as a `chain_class`."""
     from rlopt.backends.tvm import runner as tvm_runner
 
-    loaded = rlopt.load(model_dir, network, backend="tvm")
     gen = loaded._gen
-    session = session_class(gen.runners, gen.routes, gen.fallback, network, loaded.record)
+    session = session_class(gen.runners, gen.routes, gen.fallback, loaded.network, loaded.record)
+    gen.runners["tvm"]._local.__dict__.pop("plans", None)  # the next call records this variant's chain
     saved = tvm_runner.record_chain, tvm_runner.KernelChain
     tvm_runner.record_chain, tvm_runner.KernelChain = record, chain_class
     try:
@@ -69,22 +70,21 @@ def variant(model_dir: Path, network: str, feeds: dict[str, np.ndarray], session
 
 
 def compare(model_dir: Path, network: str, revision: str, rounds: int, calls: int, work: Path) -> list[str]:
+    import rlopt
     from rlopt.backends.tvm import chain as chain_now
-    from rlopt.manifest import read_manifest
     from rlopt.runtime.session import Session
 
     session_then = baseline_module(revision, "rlopt/runtime/session.py", "rlopt_baseline_session", work)
     chain_then = baseline_module(revision, "rlopt/backends/tvm/chain.py", "rlopt_baseline_chain", work)
-    inputs = read_manifest(model_dir).networks[network].inputs
+    loaded = rlopt.load(model_dir, network, backend="tvm")
     rng = np.random.default_rng(0)
-    feeds = {name: rng.standard_normal(p.min).astype(p.dtype) for name, p in inputs.items()}
+    feeds = {name: rng.standard_normal(p.min).astype(p.dtype) for name, p in loaded.inputs.items()}
     variants = {
-        revision: variant(model_dir, network, feeds, session_then.Session, chain_then.record_chain,
-                          chain_then.KernelChain),
-        "+ probe": variant(model_dir, network, feeds, Session, chain_then.record_chain, chain_then.KernelChain),
-        "+ setitem": variant(model_dir, network, feeds, Session,
-                             functools.partial(chain_now.record_chain, elide=False), chain_now.KernelChain),
-        "this tree": variant(model_dir, network, feeds, Session, chain_now.record_chain, chain_now.KernelChain),
+        revision: variant(loaded, feeds, session_then.Session, chain_then.record_chain, chain_then.KernelChain),
+        "+ probe": variant(loaded, feeds, Session, chain_then.record_chain, chain_then.KernelChain),
+        "+ setitem": variant(loaded, feeds, Session, functools.partial(chain_now.record_chain, elide=False),
+                             chain_now.KernelChain),
+        "this tree": variant(loaded, feeds, Session, chain_now.record_chain, chain_now.KernelChain),
     }
     samples = interleaved(variants, rounds, calls)
     base = np.array(samples[revision])
