@@ -225,12 +225,19 @@ def test_a_layout_kernel_is_kept_where_dropping_it_could_change_a_result() -> No
              (t["taken"], staging[0][1], t["hidden"]))]
     chain, _ = record_chain(_KernelVm(both, t["hidden"]), staging, _tensor)
     assert chain is not None and chain.symbols == ["take11", "fused_mix"]
-    # a take that gathers (fewer elements out than in) is a real kernel
+    # a take that gathers (fewer elements out than in), or permutes (as many indices as rows), is a real kernel
     x, rows = np.zeros((3, 4), np.float32), _tensor(np.zeros((1, 4), np.float32))
     gather = [("take2", _kernel(_take), (_tensor(x), t["index"], rows))]
     staged = [(x, gather[0][2][0])]
     chain, _ = record_chain(_KernelVm(gather, rows), staged, _tensor)
     assert chain is not None and chain.symbols == ["take2"]
+    order, permuted = _tensor(np.array([2, 0, 1], np.int64)), _tensor(np.zeros((3, 4), np.float32))
+    mixed = _tensor(np.zeros((3, 2), np.float32))
+    permute = [("take3", _kernel(lambda src, idx, out: np.take(src, idx, axis=0, out=out)),
+                (staged[0][1], order, permuted)),
+               ("fused_dense", _kernel(_dense), (permuted, t["weight"], mixed))]
+    chain, _ = record_chain(_KernelVm(permute, mixed), staged, _tensor)
+    assert chain is not None and chain.symbols == ["take3", "fused_dense"]
     # a chain recorded without elision (a padded bucket's) keeps every kernel
     relaid = [("reshape", _kernel(_relayout), (staging[0][1], t["taken"])),
               ("fused_dense", _kernel(_dense), (t["taken"], t["weight"], t["hidden"]))]
