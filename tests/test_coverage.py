@@ -223,7 +223,7 @@ def test_dynamic_length_attention_matches_pytorch_on_every_backend_at_named_and_
         tmp_path: Path) -> None:
     import rlopt
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model
+    from rlopt.user_model import build_model
 
     result = compile_architecture(tmp_path, "attention_dynamic_length", ALL)
     assert result.passed, result.failures
