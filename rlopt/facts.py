@@ -34,7 +34,8 @@ class Facts(BaseModel):
             return facts
         if isinstance(facts, Facts):
             return cls.model_validate(facts.as_dict())
-        return cls.model_validate(dict(facts or {}))
+        # a mapping is copied; anything else (a manifest's `facts: true`) goes to pydantic as is, which refuses it
+        return cls.model_validate(dict(facts) if isinstance(facts, Mapping) else {} if facts is None else facts)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object: only keys that were given (defaults are not added)."""

@@ -67,13 +67,14 @@ class Roofline:
     def peak_gflops(self, threads: int) -> float | None:
         return self._ask("peak", threads)[0] if self.binary else None
 
-    def read_us(self, nbytes: int) -> float | None:
-        """The faster of one core and all cores: small weights do not pay for waking a second thread."""
+    def read_us(self, nbytes: int, threads: int | None = None) -> float | None:
+        """On `threads` threads, else the faster of one core and all cores: small weights do not pay for waking a
+        second thread."""
         if self.binary is None:
             return None
         from rlopt.machine import usable_cores
 
-        return min(self._ask("read", nbytes, threads)[1] for threads in {1, usable_cores()})
+        return min(self._ask("read", nbytes, n)[1] for n in ({threads} if threads else {1, usable_cores()}))
 
 
 def _timed(call: Any) -> float:

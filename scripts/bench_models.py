@@ -3,7 +3,9 @@
 - users' models, untuned: architectures of the coverage matrix (tests/data/models/coverage.py) that TVM or
   ONNX Runtime serve, among them an SB3-style MLP actor-critic, an LSTM actor that feeds its state back, a GRU
   sequence encoder and an attention policy;
-- a tiny PPO (CartPole, trained here offline in a few seconds) compiled from its zip (`rlopt compile agent.zip`).
+- a tiny PPO (CartPole, trained here offline in a few seconds) compiled from its zip (`rlopt compile agent.zip`);
+- networks without a tuning database, where TVM runs on its schedule rules (scripts/bench_nets.py): an MLP grid
+  (obs 4-376 x hidden 64-512, Tanh / ReLU / LayerNorm + SiLU) and the full-size NatureCNN (`nature-cnn-untuned`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ DEFAULT_POLICY = ("policy-value-heads", "policy")  # its max shape's spread over
 COVERAGE = ["sb3_mlp_actor_critic", "recurrent_ppo_lstm", "gru_cell_state", "gru_sequence_encoder",
             "decision_transformer", "maskable_ppo", "sac_squashed_gaussian", "embedding_ids", "layernorm_gelu_value"]
 SB3_PPO = "sb3-ppo-cartpole"
+NATURE_CNN_UNTUNED = "nature-cnn-untuned"
 QUICK = ["ppo-mlp", "sb3_mlp_actor_critic", "gru_cell_state", SB3_PPO]
 # OpenVINO, where installed: a peer the protocol judges `auto` against (Backend.bench_peer) and a candidate of auto
 COVERAGE_BACKENDS = ["torchscript", "onnxruntime", "tvm"] + (["openvino"] if find_spec("openvino") else [])
@@ -51,8 +54,14 @@ class Model:
                 "compile_exit": self.compile_exit, "compile_error": self.compile_error}
 
 
+def untuned_models() -> list[str]:
+    from bench_nets import mlp_grid
+
+    return [*mlp_grid(), NATURE_CNN_UNTUNED]
+
+
 def known_models() -> list[str]:
-    return [*BUNDLED, *COVERAGE, SB3_PPO]
+    return [*BUNDLED, *COVERAGE, SB3_PPO, *untuned_models()]
 
 
 def rlopt_cli(*args: str, cwd: Path = ROOT, timeout_s: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -72,21 +81,24 @@ def _compile(name: str, origin: str, tuned: bool, source: Path, out: Path, recip
         error = lines[-1] if lines else f"exit {done.returncode}"
     elif done.returncode == 1:
         error = "exit 1: a backend failed verification (benched without it; see its manifest.json)"
-    tuning = tuning_applied(out) if tuned else "no"
-    return Model(name, origin, tuning != "no", out, recipe, time.perf_counter() - started, done.returncode, error,
-                 tuning)
+    tuning = tuning_applied(out)
+    return Model(name, origin, tuning not in ("no", "rules"), out, recipe, time.perf_counter() - started,
+                 done.returncode, error, tuning)
 
 
 def tuning_applied(model_dir: Path) -> str:
     """The tuning database the MODEL_DIR's TVM builds applied (`facts.database`): "yes" when tuned for this CPU or one
-    with its vector features, "borrowed from <cpu>" when another CPU's schedules were borrowed, else "no"."""
+    with its vector features, "borrowed from <cpu>" when another CPU's schedules were borrowed; without one, "rules"
+    when TVM's schedule rules scheduled its kernels, else "no"."""
     try:
         networks = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))["networks"]
     except (OSError, ValueError, KeyError):
         return "no"
-    applied = [(net["artifacts"].get("tvm") or {}).get("facts", {}).get("database") or {} for net in networks.values()]
+    tvm_facts = [(net["artifacts"].get("tvm") or {}).get("facts", {}) for net in networks.values()]
+    applied = [facts.get("database") or {} for facts in tvm_facts]
     if not applied or not all(db.get("found") for db in applied):
-        return "no"
+        ruled = any(build.get("rule_kernels") for facts in tvm_facts for build in facts.get("shape_builds", []))
+        return "rules" if ruled else "no"
     borrowed = sorted({db["dir"].rsplit("/", 1)[-1].removeprefix("llvm-") for db in applied if db.get("borrowed")})
     return f"borrowed from {', '.join(borrowed)}" if borrowed else "yes"
 
@@ -98,6 +110,8 @@ def prepare(name: str, work_dir: Path) -> Model:
         return _compile(name, "bundled recipe", True, recipe, work_dir / name, recipe, ROOT)
     if name in COVERAGE:
         return _compile(name, "coverage matrix", False, *_coverage_recipe(name, work_dir))
+    if name in untuned_models():
+        return _compile(name, "untuned", False, *_untuned_recipe(name, work_dir))
     if name == SB3_PPO:
         folder = work_dir / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -123,6 +137,22 @@ def _coverage_recipe(name: str, work_dir: Path) -> tuple[Path, Path, Path, Path]
     return recipe, folder / "out", recipe, folder
 
 
+def _untuned_recipe(name: str, work_dir: Path) -> tuple[Path, Path, Path, Path]:
+    """(recipe, MODEL_DIR, recipe, cwd) for a network of scripts/bench_nets.py, with no tuning database beside it."""
+    import yaml
+    from bench_nets import mlp_recipe, nature_cnn_recipe
+
+    folder = work_dir / name
+    (folder / "models").mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).with_name("bench_nets.py"), folder / "models" / "bench_nets.py")
+    shutil.copy(ROOT / "recipes" / "models" / "atari.py", folder / "models" / "atari.py")
+    document = nature_cnn_recipe(name) if name == NATURE_CNN_UNTUNED else mlp_recipe(name)
+    document["backends"] = COVERAGE_BACKENDS
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(document, sort_keys=False))
+    return recipe, folder / "out", recipe, folder
+
+
 def train_ppo(zip_path: Path, timesteps: int = 256) -> None:
     """SB3 PPO MlpPolicy (its default [64, 64] nets) on CartPole-v1: a few seconds, offline, seeded."""
     from stable_baselines3 import PPO
@@ -137,5 +167,5 @@ def train_ppo(zip_path: Path, timesteps: int = 256) -> None:
     env.close()
 
 
-__all__ = ["BUNDLED", "COVERAGE", "DEFAULT_POLICY", "QUICK", "SB3_PPO", "Model", "known_models", "prepare",
-           "rlopt_cli", "train_ppo"]
+__all__ = ["BUNDLED", "COVERAGE", "DEFAULT_POLICY", "NATURE_CNN_UNTUNED", "QUICK", "SB3_PPO", "Model", "known_models",
+           "prepare", "rlopt_cli", "train_ppo", "untuned_models"]

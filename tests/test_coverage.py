@@ -223,7 +223,7 @@ def test_dynamic_length_attention_matches_pytorch_on_every_backend_at_named_and_
         tmp_path: Path) -> None:
     import rlopt
     from rlopt.recipe import load_recipe
-    from rlopt.stages.load_model import build_model
+    from rlopt.user_model import build_model
 
     result = compile_architecture(tmp_path, "attention_dynamic_length", ALL)
     assert result.passed, result.failures
@@ -282,6 +282,7 @@ def _tvm_verified_over_steps(result, steps: int) -> None:
     assert parity.passed and parity.compared == sum(reference.samples(p) * reference.steps(p) for p in reference.points)
 
 
+@pytest.mark.slow  # compiles a whole recipe; the converters and the tools' recurrent paths are tested fast
 def test_an_lstm_actor_builds_on_tvm_and_matches_over_six_steps_with_its_state_fed_back(tmp_path: Path) -> None:
     def batched(*dims: int) -> dict:
         return {"dtype": "float32", "min": [1, *dims], "opt": [4, *dims], "max": [8, *dims]}
@@ -292,6 +293,7 @@ def test_an_lstm_actor_builds_on_tvm_and_matches_over_six_steps_with_its_state_f
     _tvm_verified_over_steps(compile_recipe(write_recipe(tmp_path, document), tmp_path / "out"), 6)
 
 
+@pytest.mark.slow  # compiles a whole recipe; the converters and the tools' recurrent paths are tested fast
 def test_a_gru_sequence_encoder_builds_on_tvm_and_matches(tmp_path: Path) -> None:
     window = {"dtype": "float32", "min": [1, 6, 8], "opt": [4, 6, 8], "max": [8, 6, 8]}  # the matrix's is 16 long
     document = _small_recurrent("gru_sequence_encoder", {"obs": 8, "hidden": 8, "n_actions": 4}, {"window": window})

@@ -10,6 +10,7 @@ import pytest
 import rlopt
 from rlopt.manifest import InputProfile
 from rlopt.runtime import check_feeds
+from rlopt.runtime.session import feed_probe
 
 PROFILES = {"input0": InputProfile(dtype="float32", min=[1, 1, 32], opt=[2, 3, 32], max=[4, 6, 32])}
 
@@ -73,6 +74,8 @@ def test_remembered_shapes_still_reject_bad_inputs(tiny_compiled: Path, backend:
         np.testing.assert_array_equal(session.run({"input0": x})["logits"], expected)
     with pytest.raises(ValueError, match="float32"):
         session.run({"input0": x.astype(np.float64)})
+    with pytest.raises(ValueError, match="big-endian"):  # same shape, same dtype kind: still not the signature
+        session.run({"input0": x.astype(">f4")})
     with pytest.raises(ValueError, match="unknown"):
         session.run({"input0": x, "extra": x})
     with pytest.raises(ValueError, match="numpy array"):
@@ -80,3 +83,35 @@ def test_remembered_shapes_still_reject_bad_inputs(tiny_compiled: Path, backend:
     strided = np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1)  # same values, not C-contiguous
     assert not strided.flags.c_contiguous
     np.testing.assert_array_equal(session.run({"input0": strided})["logits"], expected)
+
+
+def test_the_fast_path_key_is_each_inputs_shape_dtype_and_contiguity_in_input_order() -> None:
+    probe = feed_probe(["obs", "state"])
+    obs, state = np.zeros((2, 3), np.float32), np.zeros((2, 4), np.int64)
+    arrays, key = probe({"state": state, "obs": obs})
+    assert arrays[0] is obs and arrays[1] is state
+    assert key == ((2, 3), np.dtype(np.float32), True, (2, 4), np.dtype(np.int64), True)
+    others = [probe({"obs": obs.astype(">f4"), "state": state})[1],
+              probe({"obs": np.zeros((3, 2), np.float32).T, "state": state})[1],
+              probe({"obs": obs, "state": np.zeros((2, 4), np.int32)})[1]]
+    assert len({key, *others}) == 4
+    with pytest.raises(KeyError):
+        probe({"obs": obs})
+    with pytest.raises(AttributeError):
+        probe({"obs": obs, "state": [[0] * 4] * 2})
+
+
+@pytest.mark.parametrize("backend", ["tvm", "onnxruntime", "auto"])
+def test_results_belong_to_the_caller(tiny_compiled: Path, backend: str) -> None:
+    """A result is the caller's to keep and to write: no later call, and no other thread's, reads or changes it."""
+    session = rlopt.load(tiny_compiled, "policy", backend=backend)
+    x = np.random.default_rng(19).standard_normal((1, 1, 32)).astype(np.float32)
+    results = [session.run({"input0": x})["logits"] for _ in range(4)]  # first call, binding, bound calls
+    expected = results[0].copy()
+    for result in results:
+        np.testing.assert_array_equal(result, expected)
+        assert result.flags.writeable
+    for i, result in enumerate(results):
+        assert not any(np.shares_memory(result, other) for other in results[i + 1:])
+        result[...] = np.nan  # the caller writes into its result
+    np.testing.assert_array_equal(session.run({"input0": x})["logits"], expected)

@@ -169,9 +169,11 @@ def test_a_sequence_lens_input_is_refused() -> None:
         expand_recurrent(model)
 
 
-@pytest.mark.parametrize("variant, dynamic", [(dict(op="LSTM", peepholes=True), False),
-                                              (dict(op="GRU", linear_before_reset=1, direction="bidirectional"), True),
-                                              (dict(op="RNN", h0=False, direction="reverse"), True)], ids=str)
+# one TVM build in the default run (a dynamic length, the harder unroll); the other two with the slow tests
+@pytest.mark.parametrize("variant, dynamic", [
+    pytest.param(dict(op="LSTM", peepholes=True), False, marks=pytest.mark.slow),
+    (dict(op="GRU", linear_before_reset=1, direction="bidirectional"), True),
+    pytest.param(dict(op="RNN", h0=False, direction="reverse"), True, marks=pytest.mark.slow)], ids=str)
 def test_tvm_builds_the_unrolled_node_with_weights_as_parameters_and_matches(variant: dict, dynamic: bool) -> None:
     import tvm
     from tvm import relax

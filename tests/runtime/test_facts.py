@@ -96,3 +96,10 @@ def test_a_manifest_written_through_the_model_is_sealed_over_what_it_holds(tiny_
     write_json(tiny_copy / "manifest.json", Manifest.model_validate(manifest.model_dump(mode="json")).seal()
                .model_dump(mode="json"))
     assert read_manifest(tiny_copy).content_sha256 == manifest.content_sha256
+
+
+@pytest.mark.parametrize("value", [True, 3, "facts", [1, 2]])
+def test_facts_that_are_not_an_object_are_refused_by_validation_not_a_type_error(value: object) -> None:
+    """A manifest's `facts: true` is a validation error (read_manifest turns it into one line, exit 2)."""
+    with pytest.raises(ValidationError):
+        facts_of("onnxruntime", value)

@@ -1,5 +1,5 @@
 """scripts/bench.py's helpers: issue 5's targets as shares of the roofs (bench_doc), the roofline probe (bench_limits), the
-tuning column (bench_models)."""
+tuning column (bench_models); the batch-1 call path's breakdown (bench_callpath)."""
 
 from __future__ import annotations
 
@@ -68,3 +68,22 @@ def test_the_tuning_column_reads_what_the_tvm_builds_applied(tmp_path: Path) -> 
     assert tuning_applied(_manifest_with(tmp_path / "c", [own, missing])) == "no"
     assert tuning_applied(_manifest_with(tmp_path / "d", [None])) == "no"
     assert tuning_applied(tmp_path / "absent") == "no"
+
+
+def test_the_call_path_breakdown_times_every_layer_down_to_each_kernel(tiny_compiled: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler-here")  # the roofs are scripts/roofline.c's test's
+    script = _bench_script("bench_callpath")
+    result = script.breakdown(tiny_compiled, "policy", 2, 3, script.Roofline(tmp_path))
+    layers = result["layers"]
+    kernels = [name for name in layers if name.startswith("tvm kernel ")]
+    # the tiny policy 32 -> 16 -> 16 -> 5: each kernel reads its weight and bias (fp32); obs[0] is not a kernel
+    assert [result["weight_bytes"][name] for name in kernels] == [(32 * 16 + 16) * 4, (16 * 16 + 16) * 4,
+                                                                   (16 * 5 + 5) * 4]
+    assert [name.split("(")[-1] for name in layers if name.startswith("numpy")] == ["1x32 @ 32x16)", "1x16 @ 16x16)",
+                                                                                  "1x16 @ 16x5)"]
+    assert {"tvm: Session.run", "tvm bound call", "tvm kernels alone"} <= set(layers)
+    assert all(figures["min_us"] > 0 for figures in layers.values())
+    assert result["roof_read_us"] == {1: None, 2: None} or result["roof_read_us"] == {1: None}
+    text = script.render(result)
+    assert "tvm kernels alone" in text and "Session layer" in text

@@ -6,7 +6,9 @@
   branch of shape-only Ifs inlined and every kernel that has a record in the recipe's tuning
   database (`<recipe>.tuning/<kind-mcpu>/`, see rlopt.backends.tvm.tuning) replaced by its tuned schedule.
   The runtime dispatches to it on an exact shape match. Kernels without a record are listed
-  (`untuned_kernels`), so a user sees which workloads `rlopt tune` still has to cover.
+  (`untuned_kernels`), so a user sees which workloads `rlopt tune` still has to cover, and get a rule schedule
+  (rlopt.backends.tvm.schedules; `rule_kernels`, or `default_kernels` where no rule applies), as the dynamic
+  library's kernels do.
 - The target is completed for this host (mcpu, num-cores); the ISA features that mcpu implies
   are recorded, so a runtime on a CPU without them refuses to load instead of dying on SIGILL.
 - The weights are parameters, not constants: every library takes them after the inputs, and one params
@@ -74,6 +76,17 @@ def _import(model: Any, target: Any, shapes: dict[str, list[int]] | None, recipe
         raise StageError(located(recipe_path, f"networks.{network}", f"TVM cannot import the ONNX model: "
                                  f"{_error_line(exc)}", "use operators TVM's Relax ONNX frontend supports, "
                                  "or drop tvm from backends")) from None
+
+
+def _scheduled_by_rules(mod: Any, target: Any, config: TvmConfig) -> tuple[Any, dict[str, str], list[str]]:
+    """`mod` with rlopt's schedule rules applied to every kernel without a tuning record (unless the recipe turned
+    them off), kernel -> rule for the kernels a rule scheduled, and those of them with a parallel loop."""
+    if not config.schedule_rules:
+        return mod, {}, []
+    from rlopt.backends.tvm.schedules import apply_rules
+
+    mod, report = apply_rules(mod, target)
+    return mod, report.scheduled, report.parallel
 
 
 def kernel_split(mod: Any) -> tuple[list[str], list[str]]:
@@ -219,6 +232,7 @@ def build_tvm(onnx_path: Path, config: TvmConfig, out_dir: Path, *, recipe_path:
     model = onnx.load(str(onnx_path))
     slug = target_slug(config.target)  # the name the recipe asked for; facts record the resolved target
     mod, imported = _import(model, target, None, recipe_path, network, spec)
+    mod, imported["rule_kernels"], _ = _scheduled_by_rules(mod, target, config)
     mod = fold_weight_layouts(mod, weights_as_params=True)
     out_path = out_dir / f"tvm-{slug}.so"
     # LLVM code generation and linking run outside the GIL: libraries build side by side, one per core
@@ -243,6 +257,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
     weights = imported.pop("params")
     facts: dict[str, Any] = {"param_names": list(weights), "target": target_dict, "cpu_features": required_cpu_features(target_dict),
                              "tuned": False, "fused_kernels": imported["fused_kernels"],
+                             "rule_kernels": imported["rule_kernels"],
                              "shape_comparisons_tensorized": imported["shape_comparisons_tensorized"],
                              "pipeline": PIPELINE, "tvm": tvm.__version__}
     if spec is None:
@@ -265,11 +280,14 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         if database is not None:
             static = apply_database(static, target, database)
         tuned, untuned = kernel_split(static)
+        static, rules, parallel = _scheduled_by_rules(static, target, config)
         static = fold_weight_layouts(static, weights_as_params=True)
         path = out_dir / f"tvm-{slug}-{file_slug(workload.shapes)}.so"
         _compile(static, target, path, recipe_path, network)
         return {"points": workload.points, "shapes": workload.shapes, "output_shapes": output_shapes(static),
-                "tuned_kernels": tuned, "untuned_kernels": untuned, "param_names": list(static_facts["params"]),
+                "tuned_kernels": tuned, "untuned_kernels": untuned, "rule_kernels": rules,
+                "default_kernels": [name for name in untuned if name not in rules], "parallel_kernels": parallel,
+                "param_names": list(static_facts["params"]),
                 "ifs_folded": static_facts.get("ifs_folded", 0), "weights": static_facts["params"]}, path
 
     statics = [pool.submit(build_static, workload) for workload in workloads]
@@ -283,8 +301,10 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                  in zip(workloads, builds, done)]
     for build, (_, path, _) in zip(builds, libraries):
         build["file"] = file_record(out_dir.parent, path).model_dump()
-    # untuned kernels run serially (no parallel loops), so only tuned libraries say what threads are worth
-    tuned_libraries = [lib for lib, build in zip(libraries, builds) if build["tuned_kernels"]]
+    # kernels with TVM's default loops run serially, so only libraries with tuned kernels or rule-scheduled parallel
+    # loops say what threads are worth
+    tuned_libraries = [lib for lib, build in zip(libraries, builds)
+                       if build["tuned_kernels"] or build["parallel_kernels"]]
     threads, thread_table = choose_threads(tuned_libraries, {n: s.dtype for n, s in spec.inputs.items()},
                                            int(target_dict.get("num-cores") or 1), weights)
     missing = [f"{b['points'][0]} {file_slug(b['shapes'])}" for b in builds if b["untuned_kernels"]]
@@ -298,9 +318,21 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
                            + (f" with the {db_dir.name} database{' (borrowed)' if choice.borrowed else ''} "
                               f"({choice.reason})" if choice.found and db_dir.name != target_key(target_dict) else "")
                            + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
-                              else "")),
+                              else "") + _rules_summary(builds)),
     })
     return StageOutput(out_path, TvmFacts(**facts))
+
+
+def _rules_summary(builds: list[dict[str, Any]]) -> str:
+    """'; rules scheduled 6/6 untuned kernels (dense 4, rows 2)' over every shape's library, or ''."""
+    from collections import Counter
+
+    untuned = sum(len(b["untuned_kernels"]) for b in builds)
+    used = Counter(rule for b in builds for name, rule in b["rule_kernels"].items() if name in b["untuned_kernels"])
+    if not untuned:
+        return ""
+    return (f"; rules scheduled {sum(used.values())}/{untuned} untuned kernels"
+            + (f" ({', '.join(f'{rule} {count}' for rule, count in sorted(used.items()))})" if used else ""))
 
 
 def _merge_weights(known: dict[str, Any], more: dict[str, Any], recipe_path: Path, network: str) -> dict[str, Any]:

@@ -18,6 +18,9 @@ def is_cuda_target(target: dict[str, Any]) -> bool:
 class TvmConfig(Strict):
     target: dict[str, Any] = Field(default_factory=lambda: {"kind": "llvm"})
     tune_trials: int = Field(default=0, ge=0)
+    # kernels without a tuning record get rlopt's CPU schedules (rlopt.backends.tvm.schedules); false keeps TVM's
+    # default loop nests for them (serial, scalar: 10-100x slower beyond batch 1)
+    schedule_rules: bool = True
 
     @field_validator("target")
     @classmethod

@@ -20,7 +20,13 @@ class ShapeBuild(Facts):
     shapes: dict[str, list[int]] = Field(default_factory=dict, description="input name -> dims")
     output_shapes: list[list[int]] | None = Field(None, description="static output dims, in the runner's order")
     tuned_kernels: list[str] = Field(default_factory=list)
-    untuned_kernels: list[str] = Field(default_factory=list)
+    untuned_kernels: list[str] = Field(default_factory=list, description="kernels with arithmetic and no tuning record")
+    rule_kernels: dict[str, str] = Field(default_factory=dict, description="kernel -> the schedule rule that "
+                                         "scheduled it (rlopt.backends.tvm.schedules), for kernels with no record")
+    default_kernels: list[str] = Field(default_factory=list, description="untuned kernels no rule scheduled: TVM's "
+                                       "default loops")
+    parallel_kernels: list[str] = Field(default_factory=list, description="rule-scheduled kernels whose tiles are "
+                                        "split among TVM's threads")
     ifs_folded: int = 0
     param_names: list[str] = Field(default_factory=list, description="the weights its main takes, in order")
     file: FileRecord | None = Field(None, description="the library, next to the dynamic one")
@@ -55,6 +61,8 @@ class TvmFacts(ArtifactFacts):
     tuned: bool | None = None
     tuning_summary: str | None = None
     fused_kernels: list[str] = Field(default_factory=list)
+    rule_kernels: dict[str, str] = Field(default_factory=dict, description="the dynamic library's kernels scheduled "
+                                         "by a rule: kernel -> rule")
     thread_latency_us: dict[str, Any] = Field(default_factory=dict, description="p50 per thread count, per shape")
     database: dict[str, Any] | None = Field(None, description="the tuning database applied")
     pipeline: str | None = None

@@ -12,7 +12,8 @@ Three measured traps shape it (shared notes, and checked by tests):
 - A graph with an If imports without dataflow blocks, so nothing fuses, and
   `get_default_pipeline` then miscompiles the If. `ConvertToDataflow` followed by the "zero"
   pipeline fuses and is exact.
-- tanh/exp/erf become their fast vectorizable forms (FastMathTransform), see import_relax.
+- tanh/exp/erf become their fast vectorizable forms (FastMathTransform), sigmoid goes through fast_tanh
+  (fast_sigmoid.py), see import_relax.
 """
 
 from __future__ import annotations
@@ -312,6 +313,7 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *, 
 
     relax = require("tvm.relax")
     from_onnx = require("tvm.relax.frontend.onnx").from_onnx
+    from rlopt.backends.tvm.fast_sigmoid import fast_sigmoid
 
     model, facts = prepare_onnx(onnx_model, shapes, bounds)
     check_supported(model)  # after the rewrites: an LSTM they unrolled is no longer there
@@ -324,7 +326,7 @@ def import_relax(onnx_model: Any, target: Any, shapes: Shapes | None = None, *, 
         mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         # tanh/exp/erf lower to scalar libm calls per element (tanh was ~60% of the tuned value head at
         # [8,16,768]); the fast forms vectorize, differ by ~3e-7 here, and the parity gate checks them anyway
-        mod = relax.transform.FastMathTransform()(mod)
+        mod = fast_sigmoid(relax.transform.FastMathTransform()(mod))
         facts["fast_math"] = True
         with target:
             mod = _fused_with_params(mod) if weights_as_params else relax.get_pipeline("zero")(mod)

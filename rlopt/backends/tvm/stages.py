@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rlopt.backends.tvm.facts import TvmFacts
+from rlopt.backends.tvm.schedules import MODULES as SCHEDULE_MODULES
 from rlopt.stages.base import Context, Stage, StageOutput
 
 
@@ -60,7 +61,8 @@ class TvmBuild(_TvmStage):
     cached, machine_dependent = True, True
     helpers = ("rlopt.backends.tvm.build", "rlopt.backends.tvm.importer", "rlopt.backends.tvm.database",
                "rlopt.backends.tvm.cpu_features", "rlopt.backends.tvm.params", "rlopt.backends.tvm.normalize",
-               "rlopt.backends.tvm.recurrent", "rlopt.backends.tvm.facts", "rlopt.backends.tvm.padding", "rlopt.arrays")
+               "rlopt.backends.tvm.recurrent", "rlopt.backends.tvm.facts", "rlopt.backends.tvm.padding", "rlopt.arrays",
+               "rlopt.backends.tvm.fast_sigmoid", *SCHEDULE_MODULES)
 
     def applies(self, ctx: Context) -> bool:
         return not _is_cuda(ctx)
