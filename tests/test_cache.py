@@ -190,12 +190,15 @@ def test_a_cached_stage_key_covers_every_rlopt_module_its_code_can_run() -> None
     missing = {}
     from rlopt.backends import BACKENDS
 
-    # VerifyBackend.config holds package_digest of its backend's runner package (`runner_code`)
+    # VerifyBackend's and ChooseAuto's keys hold package_digest of each backend's runner package (`runner_code`);
+    # ChooseAuto's also the runtime package's (`runtime`)
     runner_packages = tuple(b.runner.partition(":")[0].rpartition(".")[0] + "." for b in BACKENDS.values())
     for cls in cached:
         keyed = {cls.__module__, *cls.helpers, *KEY_NEUTRAL}
         for module, via in _reached_modules(cls).items():
-            if cls.__name__ == "VerifyBackend" and module.startswith(runner_packages):
+            if cls.__name__ in ("VerifyBackend", "ChooseAuto") and module.startswith(runner_packages):
+                continue
+            if cls.__name__ == "ChooseAuto" and module.startswith("rlopt.runtime."):
                 continue
             if module not in keyed and (cls.__name__, module) not in UNCACHED_PATHS:
                 missing[f"{cls.__name__}: {module}"] = via

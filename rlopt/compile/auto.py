@@ -162,7 +162,8 @@ class ChooseAuto(Stage):
 
     name, cached, machine_dependent, facts_model = "auto", True, True, AutoStageFacts
     helpers = ("rlopt.compile.route_passes", "rlopt.compile.rounds", "rlopt.runtime.routes",
-               "rlopt.backends.capability", "rlopt.machine")
+               "rlopt.backends", "rlopt.backends.base", "rlopt.backends.capability", "rlopt.machine", "rlopt.facts",
+               "rlopt.arrays", "rlopt.timing", "rlopt.onnx_session")
 
     def __init__(self, record: NetworkRecord, identities: Mapping[str, Any] | None = None) -> None:
         self.record, self.identities = record, dict(identities or {})
