@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import threading
@@ -52,8 +53,10 @@ def _import_before_torch(module: str) -> ModuleType:
             del sys.modules["torch"]
 
 
+@functools.lru_cache(maxsize=None)
 def version_of(distribution: str) -> str | None:
-    """Installed version of a distribution, without importing it."""
+    """Installed version of a distribution, without importing it (read once per process: each stage's cache key
+    asks for a dozen, and reading a distribution's metadata costs about 2 ms)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -54,13 +54,17 @@ verify:
 @pytest.fixture(scope="session", autouse=True)
 def private_stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tests (and the CLI subprocesses they start) use their own stage cache, never the user's; the workers of
-    one pytest-xdist run share it (entries are renamed into place), so a compile one worker did is a hit."""
+    one pytest-xdist run share it (entries are renamed into place), so a compile one worker did is a hit.
+    `auto` measures its routes in one pass ($RLOPT_ROUTE_PASSES)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = tmp_path_factory.getbasetemp().parent / "rlopt-cache"
         root.mkdir(exist_ok=True)
     else:
         root = tmp_path_factory.mktemp("rlopt-cache")
     os.environ["RLOPT_CACHE"] = str(root)
+    # one pass of auto's route measurement per network (a test reads what a route records, not how stable it is);
+    # tests of the passes themselves unset it
+    os.environ["RLOPT_ROUTE_PASSES"] = "1"
     return root
 
 

@@ -60,6 +60,7 @@ def test_retime_measures_the_routes_again_and_the_next_warm_compile_reuses_the_n
     assert again.manifest.networks["policy"].facts.route == measured, "the refreshed entry replaced the old one"
 
 
+@pytest.mark.slow  # a second full compile; the miss reasons are unit-tested in tests/test_cache.py
 def test_a_changed_recipe_field_misses_with_the_reason(tmp_path: Path) -> None:
     cache = StageCache(tmp_path / "cache")
     recipe = write_tiny_recipe(tmp_path, backends="[onnxruntime]")

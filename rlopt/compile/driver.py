@@ -18,6 +18,7 @@ from rlopt.stages.frontend import ModelSource
 from rlopt.compile.auto import ChooseAuto
 from rlopt.compile.network import compile_network
 from rlopt.compile.rounds import kept_worker
+from rlopt.compile.route_passes import most_passes
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
 from rlopt.compile.sources import model_source, stored_recipe
 from rlopt.stages.base import Context
@@ -72,6 +73,7 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
     """
 
     started = time.perf_counter()
+    most_passes()  # a malformed $RLOPT_ROUTE_PASSES is refused before any work
     cache = cache if cache is not None else StageCache()
     if retime:
         cache.refresh = cache.refresh | {ChooseAuto.name}

@@ -12,6 +12,7 @@ not pooled (a burst), while a load that stays through every pass is the machine'
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
@@ -22,6 +23,7 @@ from rlopt.backends import BACKENDS, Runner, facts_of
 from rlopt.backends.capability import Table
 from rlopt.compile.rounds import (Cells, Subjects, fresh_process_medians, interleaved_medians, open_subject,
                                   release_fresh, subject_cells)
+from rlopt.errors import UsageError
 from rlopt.machine import OtherLoad
 from rlopt.manifest import NetworkRecord
 from rlopt.stages.base import Context
@@ -29,6 +31,7 @@ from rlopt.stages.base import Context
 ROUNDS = 8  # per pass
 PASS_BUDGET_S = 1.0  # no round of a pass starts after this long (here, and again in the worker)
 MIN_PASSES, MAX_PASSES = 2, 3
+PASSES_ENV = "RLOPT_ROUTE_PASSES"  # at most this many passes (1-3): a quicker compile whose route one pass decides
 CONTENDED = 0.25  # cores' worth of other processes' CPU (or hypervisor steal) that marks a pass as loaded
 AA = " (A/A)"  # the key suffix of a subject's twin: the same configuration, opened again
 Variants = dict[str, dict[str, dict[str, Any]]]  # backend -> configuration name -> facts update
@@ -203,12 +206,25 @@ class Settled(Generic[Decision]):
     stable: bool = False
 
 
+def most_passes() -> int:
+    """MAX_PASSES, or `$RLOPT_ROUTE_PASSES` (1-3) where set."""
+    raw = os.environ.get(PASSES_ENV, "").strip()
+    if not raw:
+        return MAX_PASSES
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PASSES:
+        raise UsageError(f"${PASSES_ENV}={raw!r}: expected a whole number of passes from 1 to {MAX_PASSES}; "
+                          f"unset it for the default ({MIN_PASSES} to {MAX_PASSES} until the route is stable)")
+    return int(raw)
+
+
 def until_stable(measure: Callable[[], Pass], decide: Callable[[Pass], Decision],
                  watch: Callable[[], OtherLoad] = OtherLoad) -> Settled[Decision]:
     """Passes of `measure` until the decision on the kept passes pooled is the one the kept passes before the newest
-    gave (at least MIN_PASSES kept; a pass not kept adds nothing), or MAX_PASSES were taken."""
+    gave (at least MIN_PASSES kept; a pass not kept adds nothing), or `most_passes` were taken (with one allowed, it
+    decides alone and the route is flagged not stable)."""
+    most = most_passes()
     settled: Settled[Decision] = Settled()
-    while len(settled.passes) < MAX_PASSES:
+    while len(settled.passes) < most:
         with watch() as load:
             measured = measure()
         settled.passes.append(replace(measured, load=None if load.cores is None else round(load.cores, 3)))
@@ -221,6 +237,6 @@ def until_stable(measure: Callable[[], Pass], decide: Callable[[Pass], Decision]
     return settled
 
 
-__all__ = ["AA", "CONTENDED", "MAX_PASSES", "MIN_PASSES", "PASS_BUDGET_S", "ROUNDS", "Pass", "Settled", "Variants",
-           "Measurement", "aa_noise", "kept_passes", "measure_configurations", "mixable", "on_calling_thread", "pooled",
+__all__ = ["AA", "CONTENDED", "MAX_PASSES", "MIN_PASSES", "PASSES_ENV", "PASS_BUDGET_S", "ROUNDS", "Pass", "Settled", "Variants",
+           "Measurement", "aa_noise", "kept_passes", "measure_configurations", "mixable", "on_calling_thread", "most_passes", "pooled",
            "route_facts", "route_subjects", "subject_key", "until_stable"]

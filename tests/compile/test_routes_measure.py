@@ -10,8 +10,9 @@ import pytest
 from rlopt.backends.onnxruntime.facts import OnnxRuntimeFacts
 from rlopt.backends.tvm.facts import TvmFacts
 from rlopt.compile.auto import Question, margins_of, one_thread_subjects, outclassed
-from rlopt.compile.route_passes import (AA, CONTENDED, MAX_PASSES, MIN_PASSES, Pass, aa_noise, kept_passes, pooled,
-                                        route_subjects, until_stable)
+from rlopt.compile.route_passes import (AA, CONTENDED, MAX_PASSES, MIN_PASSES, PASSES_ENV, Pass, aa_noise, kept_passes,
+                                        most_passes, pooled, route_subjects, until_stable)
+from rlopt.errors import UsageError
 from rlopt.facts import OTHER
 from rlopt.machine import OtherLoad
 from rlopt.manifest import BackendRecord, FileRecord, InputProfile, NetworkRecord
@@ -38,6 +39,12 @@ class _ScriptedLoad:
         seconds = iter([(0.0, 0.0), (figure, 0.0)] if figure is not None else [None, None])
         clock = iter([0.0, 1.0])
         return OtherLoad(read=lambda: next(seconds), clock=lambda: next(clock))
+
+
+@pytest.fixture(autouse=True)
+def default_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read the default number of passes; the suite's conftest asks compiles for one."""
+    monkeypatch.delenv(PASSES_ENV, raising=False)
 
 
 def _pass(ort: float, tvm: float) -> Pass:
@@ -77,6 +84,23 @@ def test_passes_that_keep_changing_the_route_stop_at_the_most_and_are_flagged() 
     assert len(settled.passes) == MAX_PASSES and not settled.stable
     assert settled.decision == _fastest(pooled(settled.passes)), "the kept passes pooled decide"
     assert kept_passes(settled.passes) == settled.passes, "unknown load is no load"
+
+
+def test_one_pass_allowed_decides_alone_and_is_flagged_not_stable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PASSES_ENV, "1")
+    passes = iter([_pass(10.0, 8.0), _pass(1.0, 9.0)])
+    settled = until_stable(lambda: next(passes), _fastest, _ScriptedLoad([0.0]))
+    assert len(settled.passes) == 1 and not settled.stable and settled.decision == "tvm"
+
+
+@pytest.mark.parametrize("raw", ["0", "4", "two", "-1", "1.5"])
+def test_a_pass_count_outside_one_to_three_is_one_line_naming_the_variable(monkeypatch: pytest.MonkeyPatch,
+                                                                          raw: str) -> None:
+    monkeypatch.setenv(PASSES_ENV, raw)
+    with pytest.raises(UsageError) as caught:
+        most_passes()
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"${PASSES_ENV}={raw!r}") and "1 to 3" in message
 
 
 def test_the_twin_says_the_noise_and_the_noise_is_the_margin() -> None:

@@ -35,6 +35,7 @@ def dynamic_length(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, to
     return _export(module, folder), module, folder / "model.onnx"
 
 
+@pytest.mark.slow  # torch.export of an attention network takes ~10 s: `make test-all`
 def test_the_frozen_trace_gives_way_to_the_dynamo_export_which_runs_at_every_length(
         dynamic_length: tuple[object, torch.nn.Module, Path]) -> None:
     import onnxruntime as ort
@@ -55,6 +56,7 @@ def test_the_frozen_trace_gives_way_to_the_dynamo_export_which_runs_at_every_len
         np.testing.assert_allclose(session.run(None, {"tokens": tokens})[0], want, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow  # torch.export of an attention network takes ~10 s: `make test-all`
 def test_the_dynamo_graph_keeps_a_weight_map_refit_can_use(
         dynamic_length: tuple[object, torch.nn.Module, Path]) -> None:
     out, module, _ = dynamic_length
@@ -63,6 +65,7 @@ def test_the_dynamo_graph_keeps_a_weight_map_refit_can_use(
     assert {entry["key"] for entry in weight_map["entries"].values()} == set(module.state_dict())
 
 
+@pytest.mark.slow  # both exporters, torch.export's first import included: ~5-8 s
 def test_a_dim_no_exporter_keeps_dynamic_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
     from tests.data.models.coverage import LengthBoundAttention
 
@@ -80,6 +83,7 @@ def test_a_dim_no_exporter_keeps_dynamic_is_refused_in_one_line_naming_it(tmp_pa
     assert info.value.exit_code == 2
 
 
+@pytest.mark.slow  # torch.export of an attention network takes ~10 s: `make test-all`
 def test_the_dynamo_graph_builds_in_tvm_and_runs_at_an_unnamed_length(
         dynamic_length: tuple[object, torch.nn.Module, Path], tmp_path: Path) -> None:
     import tvm

@@ -36,6 +36,7 @@ def test_cli_json_without_recipe_skips_eager_with_the_reason(ort_compiled: Path)
     assert not [name for name in skipped if name.startswith("rlopt ")], skipped
 
 
+@pytest.mark.slow  # a bench of every backend in worker processes; the CLI test above runs the same driver
 def test_every_backend_and_the_eager_baseline_from_the_recipe(tiny_compiled: Path, policy_bench: BenchReport
                                                               ) -> None:
     [network] = policy_bench.networks
