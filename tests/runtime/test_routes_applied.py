@@ -10,7 +10,7 @@ import numpy as np
 
 import rlopt
 from rlopt.compile.auto import named_shapes
-from rlopt.compile.route_passes import measure_configurations
+from rlopt.compile.route_passes import MIN_PASSES, measure_configurations, most_passes
 from rlopt.manifest import Manifest, read_manifest, write_json
 from rlopt.tools.bench.candidates import load_reference
 
@@ -61,7 +61,9 @@ def test_compile_records_what_it_chose_and_why(tiny_compiled: Path) -> None:
         assert route.options["tvm"]["calling_thread_only"] is True, "TVM on its calling thread"
     assert set(route.options) <= route.backends
     assert choice.measured_at and choice.cores and len(choice.other_load_cores) == choice.passes
-    assert choice.passes == 0 or (choice.passes >= 2 and choice.stable is not None and choice.aa_noise)
+    least = min(MIN_PASSES, most_passes())  # the suite compiles with $RLOPT_ROUTE_PASSES=1 (tests/conftest.py)
+    assert choice.passes == 0 or (choice.passes >= least and choice.stable is not None and choice.aa_noise)
+    assert choice.passes != 1 or choice.stable is False, "one pass decides alone and is not called stable"
     assert record.selected == route.routes["2x3x32"], "selected: what auto runs at opt"
 
 
