@@ -154,6 +154,7 @@ def _script(module: torch.nn.Module, folder: Path) -> tuple[Path, dict]:
     return folder / "model.ts", out.facts
 
 
+@pytest.mark.slow  # scripts several RNN containers: ~2 s
 def test_fingerprint_works_for_rnns_containers_and_splits_graph_from_weights(tmp_path: Path) -> None:
     from tests.data.models.coverage import AttentionPolicy, GruCellActor, LstmSequence
 

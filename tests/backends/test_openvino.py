@@ -185,6 +185,7 @@ def test_triton_gets_the_ir_for_its_openvino_backend(model_dir: Path) -> None:
     assert "triton/tiny-heads_policy_openvino/1/model.bin" in files
 
 
+@pytest.mark.slow  # an extra OpenVINO compile; the all-backend compile above stays in the default run
 def test_refit_converts_the_refitted_graph_again(model_dir: Path, tmp_path: Path) -> None:
     from tests.refit.conftest import perturbed_state, save_state, tiny_model
 
@@ -244,6 +245,7 @@ verify: {samples: 2, steps: 3}
 """
 
 
+@pytest.mark.slow  # an extra OpenVINO compile; the all-backend compile above stays in the default run
 def test_integer_ids_a_bool_mask_and_recurrent_state_verify_over_steps(compiled: CompileFactory) -> None:
     out = compiled(IDS_MASK_GRU_RECIPE, name="ids.yaml", files={"models/ids_mask_gru.py": IDS_MASK_GRU})
     network = read_manifest(out).networks["actor"]

@@ -134,6 +134,7 @@ def test_compile_zip_generates_a_movable_recipe(agents_dir: Path, tmp_path: Path
     assert np.array_equal(got[0], expected)
 
 
+@pytest.mark.slow  # a rollout compile of a second agent: ~2-4 s
 def test_rollout_in_a_recipe_names_the_backend_that_disagrees(agents_dir: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:

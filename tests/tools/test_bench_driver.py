@@ -213,6 +213,7 @@ def test_ctrl_c_leaves_no_worker_behind(ort_compiled: Path) -> None:
         _kill_leftovers(proc, workers)
 
 
+@pytest.mark.slow  # kills a bench parent and waits for its workers to go: ~3-4 s
 @needs_proc
 def test_workers_die_with_a_killed_parent(ort_compiled: Path) -> None:
     proc = _start_bench(ort_compiled, subprocess.DEVNULL)
