@@ -20,27 +20,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import condition_of  # noqa: E402  (the bench's quiet and busy conditions)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = ROOT / "recipes" / "policy_value_heads.yaml"
-SPIN = "while True: pass"
-
-
-@contextmanager
-def condition(name: str) -> Iterator[None]:
-    """`busy`: a spinning process for the whole block (the scheduler places it); `quiet`: nothing added."""
-    spinner = subprocess.Popen([sys.executable, "-c", SPIN]) if name == "busy" else None
-    try:
-        if spinner is not None:
-            time.sleep(0.2)
-        yield
-    finally:
-        if spinner is not None:
-            spinner.kill()
-            spinner.wait()
 
 
 def compile_once(recipe: Path, out: Path, cache: Path) -> dict[str, Any]:
@@ -83,7 +71,7 @@ def main() -> int:
         for name in ("quiet", "busy") if index % 2 == 0 else ("busy", "quiet"):
             tag = f"{index}-{name}"
             shutil.rmtree(work / tag, ignore_errors=True)
-            with condition(name):
+            with condition_of(name):
                 result = compile_once(recipe, work / tag / "out", work / tag / "cache")
             compiles.append({"condition": name, "tag": tag, **result})
             print(f"[routes] {tag}: {result['seconds']} s", file=sys.stderr)
