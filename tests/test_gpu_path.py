@@ -40,8 +40,9 @@ def compile_recipe(out: Path, *backends: str) -> dict:
 
 @pytest.fixture(scope="module")
 def gpu_dir(compiled: CompileFactory) -> Path:
-    """The recipe compiled once per session without TVM (its CUDA build is the slow test's); read-only."""
-    return compiled(RECIPE, ["torchscript", "onnxruntime", "tensorrt"])
+    """The recipe compiled once per session with the backends that take the padded ONNX (TVM's CUDA build is the slow
+    test's; TorchScript's Triton files are tests/test_triton.py's); read-only."""
+    return compiled(RECIPE, ["onnxruntime", "tensorrt"])
 
 
 def initializer_dims(path: Path) -> set[int]:
@@ -113,7 +114,7 @@ def test_every_triton_config_parses_and_agrees_with_the_profile(gpu_dir: Path) -
 
     manifest = read_manifest(gpu_dir)
     configs = sorted((gpu_dir / "triton").glob("*/config.pbtxt"))
-    built = ["onnxruntime", "torchscript"] + ([] if tensorrt_missing() else ["tensorrt"])
+    built = ["onnxruntime"] + ([] if tensorrt_missing() else ["tensorrt"])
     assert [c.parent.name for c in configs] == sorted(f"gpu-path_{n}_{b}" for n in ("policy", "value") for b in built)
     for path in configs:
         config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
@@ -135,9 +136,9 @@ def test_verify_rehashes_triton_files_and_passes(gpu_dir: Path) -> None:
     report = verify_model_dir(gpu_dir)
     assert report.passed, [f.detail for f in report.findings if not f.ok]
     rehashed = {f.subject for f in report.findings if f.detail == "sha256 ok"}
-    assert {"triton/gpu-path_value_torchscript/1/model.pt", "triton/gpu-path_policy_onnxruntime/1/model.onnx",
+    assert {"triton/gpu-path_value_onnxruntime/1/model.onnx", "triton/gpu-path_policy_onnxruntime/1/model.onnx",
             "policy/model.padded.onnx"} <= rehashed
-    built = ("torchscript", "onnxruntime") + (() if tensorrt_missing() else ("tensorrt",))
+    built = ("onnxruntime",) + (() if tensorrt_missing() else ("tensorrt",))
     assert {(f.network, f.subject) for f in report.findings if f.detail.startswith("parity ok")} == {
         (n, b) for n in ("policy", "value") for b in built}
 

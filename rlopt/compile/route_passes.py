@@ -100,9 +100,9 @@ class Measurement:
 
     def __init__(self, ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
                  estimates_us: Table | None = None, variants: Variants | None = None,
-                 budget_s: float = PASS_BUDGET_S) -> None:
-        self.ctx, self.record, self.labels, self.estimates_us, self.budget_s = ctx, record, labels, estimates_us, \
-            budget_s
+                 budget_s: float | None = None) -> None:
+        self.ctx, self.record, self.labels, self.estimates_us = ctx, record, labels, estimates_us
+        self.budget_s = PASS_BUDGET_S if budget_s is None else budget_s
         self.subjects = route_subjects(record, candidates, variants)
         self.fresh = {k: v for k, v in self.subjects.items() if BACKENDS[v[0]].timed_apart}
         self.here = {k: v for k, v in self.subjects.items() if k not in self.fresh}
@@ -160,7 +160,7 @@ class Measurement:
 
 def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
                            estimates_us: Table | None = None, variants: Variants | None = None,
-                           budget_s: float = PASS_BUDGET_S) -> Pass:
+                           budget_s: float | None = None) -> Pass:
     """One pass of a `Measurement`, its runners closed after."""
     with Measurement(ctx, record, candidates, labels, estimates_us, variants, budget_s) as measurement:
         return measurement.measure()
