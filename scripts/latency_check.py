@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the coverage matrix's models live under tests/data
 ENV = dict(os.environ, COLUMNS="200",  # this checkout's rlopt, whatever is installed
            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
@@ -45,7 +46,6 @@ def coverage_recipe(name: str, work: Path) -> Path:
     """The coverage matrix's recipe for architecture `name` (scripts/coverage.py), on the CPU backends."""
     import yaml
 
-    sys.path.insert(0, str(ROOT))
     from tests.data.models.coverage import recipe_for
 
     folder = work / name

@@ -161,7 +161,7 @@ class ChooseAuto(Stage):
     artifact's identity and facts, the reference, this CPU (`machine_dependent`) and its usable cores."""
 
     name, cached, machine_dependent, facts_model = "auto", True, True, AutoStageFacts
-    helpers = ("rlopt.compile.route_passes", "rlopt.compile.rounds", "rlopt.runtime.routes",
+    helpers = ("rlopt.compile.route_passes", "rlopt.compile.rounds", "rlopt.compile.apart", "rlopt.runtime.routes",
                "rlopt.backends", "rlopt.backends.base", "rlopt.backends.capability", "rlopt.machine", "rlopt.facts",
                "rlopt.arrays", "rlopt.timing", "rlopt.onnx_session")
 

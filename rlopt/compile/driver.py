@@ -17,7 +17,7 @@ from rlopt.compile.engine import Engine, Reporter, Silent
 from rlopt.stages.frontend import ModelSource
 from rlopt.compile.auto import ChooseAuto
 from rlopt.compile.network import compile_network
-from rlopt.compile.rounds import kept_worker
+from rlopt.compile.apart import kept_workers
 from rlopt.compile.route_passes import most_passes
 from rlopt.compile.publish import is_model_dir_or_empty, publish, remove_stale_partials, staging_dir
 from rlopt.compile.sources import model_source, stored_recipe
@@ -94,7 +94,7 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
             source = source or model_source(recipe, recipe_path)
             model, _ = source.load()
             timed_apart = any(BACKEND_REGISTRY[b].timed_apart for b in recipe.backends)
-            with kept_worker(start=timed_apart and len(recipe.backends) > 1):
+            with kept_workers(start=timed_apart and len(recipe.backends) > 1):
                 networks, failures = _compile_networks(engine, recipe, recipe_path, staging, source, model)
             manifest = Manifest(
                 schema_version=SCHEMA_VERSION, name=recipe.name, rlopt_version=__version__,

@@ -1,22 +1,14 @@
-"""Interleaved rounds of timed blocks: how `auto`'s measurement times its configurations, here or in a fresh process.
+"""Interleaved rounds of timed blocks: how `auto`'s measurement times its configurations in this process.
 
 A configuration is a set of (subject, shape label) cells, each a call through a Session (the runtime's own path).
-`fresh_process_medians` runs the same rounds in another interpreter that opens only the subjects it is given: a
-backend alone, as a session that routes everything to it runs it, with no other backend's pool in the process.
+`apart.py` runs the same rounds with each subject in a worker process of its own.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import select
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +81,30 @@ def block_median(call: Call, count: int) -> float:
 Medians = dict[str, dict[tuple[str, str], float]]  # configuration -> (subject, shape label) -> us
 
 
+def block_counts(cells: Cells, estimates_us: Table | None = None) -> dict[tuple[str, str], int]:
+    """Each cell warmed until steady (a fresh runner's first calls are not its speed: a JIT specializing, a pool
+    starting; a Session binds its per-thread call on the second call of a signature), then its timed calls per
+    block: BURST_CALLS, fewer where they would take longer than CELL_BUDGET_S (`estimates_us[subject][label]`, else
+    one timed call), at least one."""
+    counts = {}
+    for cell, call in cells.items():
+        warm_until_steady(call, cap_s=WARM_CAP_S, clock=time.perf_counter_ns)
+        known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
+        estimate = float(known) if known else block_median(call, 1)
+        counts[cell] = int(min(BURST_CALLS, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
+    return counts
+
+
+def one_round(cells: Cells, counts: dict[tuple[str, str], int],
+              rng: random.Random) -> dict[tuple[str, str], tuple[float, float]]:
+    """One block per cell in shuffled order, each after GAP_S idle: (wall, CPU) medians per call, us."""
+    timed = {}
+    for cell in rng.sample(list(cells), len(cells)):
+        time.sleep(GAP_S)
+        timed[cell] = timed_block(cells[cell], counts[cell])
+    return timed
+
+
 def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, seed: int = 0,
                         estimates_us: Table | None = None,
                         budget_s: float = BUDGET_S) -> tuple[Medians, Medians, int]:
@@ -102,15 +118,7 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     call's block to CELL_BUDGET_S; default: one timed call per cell). The idle gap is why: calls back to back time a
     warm loop the bench never runs, and flatter a thread pool whose workers are still spinning from the last call."""
     rng = random.Random(seed)
-    counts: dict[tuple[str, tuple[str, str]], int] = {}
-    for config, cells in configurations.items():
-        for cell, call in cells.items():
-            # a fresh runner's first calls are not its speed (a JIT specializing, a pool starting; a Session binds
-            # its per-thread call on the second call of a signature)
-            warm_until_steady(call, cap_s=WARM_CAP_S, clock=time.perf_counter_ns)
-            known = (estimates_us or {}).get(cell[0], {}).get(cell[1])
-            estimate = float(known) if known else block_median(call, 1)
-            counts[config, cell] = int(min(BURST_CALLS, max(1, CELL_BUDGET_S * 1e6 / max(estimate, 1.0))))
+    counts = {config: block_counts(cells, estimates_us) for config, cells in configurations.items()}
     walls: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
                                                            for c, cells in configurations.items()}
     cpus: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
@@ -118,10 +126,7 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     deadline, done = time.monotonic() + budget_s, 0
     while done < rounds and (done == 0 or time.monotonic() < deadline):
         for config in rng.sample(list(configurations), len(configurations)):
-            cells = configurations[config]
-            for cell in rng.sample(list(cells), len(cells)):
-                time.sleep(GAP_S)
-                wall, cpu = timed_block(cells[cell], counts[config, cell])
+            for cell, (wall, cpu) in one_round(configurations[config], counts[config], rng).items():
                 walls[config][cell].append(wall)
                 cpus[config][cell].append(cpu)
             time.sleep(SETTLE_S)
@@ -190,139 +195,6 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
         opened.close()
 
 
-class _Worker:
-    """The process `fresh_process_medians` sends its jobs to: started at the first, kept for the next ones inside
-    `kept_worker` (a job opens its runners and closes them, or keeps them for the next job with the same subjects
-    until `release_fresh`, so it opens nothing else while it times; starting an interpreter for each took 0.5 s).
-    It reads one job per line on stdin and answers one line; it exits when this process closes its stdin (or
-    dies)."""
-
-    process: subprocess.Popen[str] | None = None
-    kept = 0  # open `kept_worker` contexts
-    lock = threading.Lock()  # one job at a time: two timings at once would time each other
-
-    @classmethod
-    def start(cls) -> subprocess.Popen[str]:
-        process = cls.process
-        if process is None or process.poll() is not None:
-            package_root = str(Path(__file__).resolve().parents[2])
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root,
-                                                                             os.environ.get("PYTHONPATH")])))
-            process = cls.process = subprocess.Popen(
-                [sys.executable, "-c", "from rlopt.compile.rounds import fresh_process_main; fresh_process_main()"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        return process
-
-    @classmethod
-    def ask(cls, job: dict[str, Any]) -> dict[str, Any]:
-        process = cls.start()
-        assert process.stdin is not None and process.stdout is not None
-        try:
-            process.stdin.write(json.dumps(job) + "\n")
-            process.stdin.flush()
-            ready, _, _ = select.select([process.stdout], [], [], FRESH_TIMEOUT_S)
-            line = process.stdout.readline() if ready else ""
-        except OSError:
-            line = ""
-        if not line:
-            cls.close()
-            return {"error": "it exited or did not answer" if ready else f"no answer in {FRESH_TIMEOUT_S:g} s"}
-        return dict(json.loads(line))
-
-    @classmethod
-    def close(cls) -> None:
-        process, cls.process = cls.process, None
-        if process is None:
-            return
-        assert process.stdin is not None and process.stdout is not None
-        with suppress(OSError):  # a worker that died leaves a broken pipe behind
-            process.stdin.close()
-        process.kill()  # it holds nothing to flush; its interpreter's shutdown took 0.1-0.2 s of the compile
-        process.wait()
-        process.stdout.close()
-
-
-@contextmanager
-def kept_worker(start: bool = False) -> Iterator[None]:
-    """Keep the worker of `fresh_process_medians` for every measurement inside (a compile's networks and retries);
-    it exits at the end, so no process outlives the compile. `start` starts it now: its interpreter and imports
-    (0.5 s) then load while the compile's first stages run."""
-    with _Worker.lock:
-        _Worker.kept += 1
-        if start:
-            _Worker.start()
-    try:
-        yield
-    finally:
-        with _Worker.lock:
-            _Worker.kept -= 1
-            if not _Worker.kept:
-                _Worker.close()
-
-
-def fresh_process_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
-                          estimates_us: Table | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
-                          keep: bool = False) -> tuple[Table, Table, int]:
-    """`alone_medians` in another interpreter that opens nothing else; `keep`: its runners stay open for the next
-    call with the same subjects (until `release_fresh`). Raises RuntimeError with the reason in one line when it
-    fails."""
-    assert record.reference is not None
-    with _Worker.lock:
-        try:
-            answer = _Worker.ask({"staging": str(staging), "record": record.model_dump(mode="json"),
-                                  "reference": str(staging / record.reference.path), "subjects": subjects,
-                                  "labels": labels, "estimates_us": estimates_us or {}, "budget_s": budget_s,
-                                  "rounds": rounds, "keep": keep})
-        finally:
-            if not _Worker.kept:
-                _Worker.close()
-    if "error" in answer:
-        raise RuntimeError(f"timing {', '.join(subjects)} in a fresh process failed: {answer['error']}")
-    return answer["alone_us"], answer["cpu_us"], int(answer["rounds"])
-
-
-def release_fresh() -> None:
-    """Close the runners the worker kept open (`keep`); nothing when there is no worker."""
-    with _Worker.lock:
-        if _Worker.process is not None and _Worker.process.poll() is None:
-            _Worker.ask({"release": True})
-
-
-def fresh_process_main() -> None:
-    """The worker: jobs (JSON lines) on stdin, answers (JSON lines) on stdout; a library's prints go to stderr."""
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    held: tuple[str, AloneSet] | None = None
-    for line in sys.stdin:
-        try:
-            job = json.loads(line)
-            identity = json.dumps([job.get(k) for k in ("staging", "reference", "subjects", "labels")])
-            if held is not None and (job.get("release") or held[0] != identity):
-                held[1].close()
-                held = None
-            if job.get("release"):
-                answer: dict[str, Any] = {"released": True}
-            else:
-                if held is None:
-                    record = NetworkRecord.model_validate(job["record"])
-                    reference = Reference.load(Path(job["reference"]), list(record.inputs), list(record.outputs))
-                    subjects = {key: (backend, facts) for key, (backend, facts) in job["subjects"].items()}
-                    held = identity, AloneSet(Path(job["staging"]), record, reference, subjects, job["labels"])
-                try:
-                    alone, cpu, rounds = held[1].time(job["estimates_us"], job["budget_s"], job["rounds"])
-                finally:
-                    if not job.get("keep"):
-                        held[1].close()
-                        held = None
-                answer = {"alone_us": alone, "cpu_us": cpu, "rounds": rounds}
-        except Exception as exc:  # the parent reports it in one line
-            text = str(exc).strip()
-            answer = {"error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
-        out.write(json.dumps(answer) + "\n")
-        out.flush()
-
-
 __all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Call", "Cells", "Medians", "Subjects",
-           "alone_medians", "release_fresh",
-           "block_median", "fresh_process_main", "timed_block", "fresh_process_medians", "interleaved_medians", "kept_worker",
-           "open_subject", "session_calls", "subject_cells"]
+           "alone_medians", "block_counts", "block_median", "interleaved_medians", "one_round", "open_subject",
+           "session_calls", "subject_cells", "timed_block"]

@@ -2,8 +2,8 @@
 until the route they decide stops changing.
 
 One pass is `Measurement.measure`: every subject (a candidate backend as a route opens it, and each of its own
-configurations) timed alone (a backend declared `timed_apart` in a worker process of its own, `rounds.py`) and, with
-several candidates, all together in this process; one subject is timed twice alone (its A/A twin), so the pass says
+configurations) timed alone (of a backend declared `timed_apart`, each subject in a worker process of its own,
+`apart.py`) and, with several candidates, all together in this process; one subject is timed twice alone (its A/A twin), so the pass says
 how far two copies of one configuration read apart. `until_stable` takes passes until adding one leaves the route
 unchanged (at least MIN_PASSES: one measurement never decides alone) or MAX_PASSES were taken (the route is then
 flagged not stable); a pass during which other processes held CONTENDED cores more than the least loaded pass is
@@ -21,8 +21,8 @@ import numpy as np
 
 from rlopt.backends import BACKENDS, Runner, facts_of
 from rlopt.backends.capability import Table
-from rlopt.compile.rounds import (Cells, Subjects, fresh_process_medians, interleaved_medians, open_subject,
-                                  release_fresh, subject_cells)
+from rlopt.compile.apart import apart_medians, release_apart
+from rlopt.compile.rounds import Cells, Subjects, interleaved_medians, open_subject, subject_cells
 from rlopt.errors import UsageError
 from rlopt.machine import OtherLoad
 from rlopt.manifest import NetworkRecord
@@ -93,10 +93,10 @@ class Measurement:
     apart, else first>` + AA, its twin), `together[k]` (the `mixable` subjects open in this process, cells
     interleaved) and `cpu[k]` (alone), median us per shape label. The runners stay open between passes.
 
-    A backend `timed_apart` is timed alone in a fresh process that opens nothing else, as a session routed to it
-    alone runs it: ONNX Runtime's spinning pool timed in this process shared the cores with the idle pools of the
-    other candidates and sessions (the default policy at 8x16x768 on znver2: 1173 us here against 486-696 us in
-    processes of its own)."""
+    A backend `timed_apart` is timed alone, each of its subjects (its twin too) in a process that opens nothing else,
+    as a session routed to it alone runs it: ONNX Runtime's spinning pool timed in this process shared the cores
+    with the idle pools of the other candidates and sessions (the default policy at 8x16x768 on znver2: 1173 us here
+    against 486-696 us in processes of its own), and two of its pools in one worker with each other's."""
 
     def __init__(self, ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],
                  estimates_us: Table | None = None, variants: Variants | None = None,
@@ -135,8 +135,8 @@ class Measurement:
         return self
 
     def measure(self) -> Pass:
-        alone, cpu, rounds = fresh_process_medians(self.ctx.staging, self.record, self.fresh, self.labels,
-                                                   self.estimates_us, self.budget_s, ROUNDS, keep=True) \
+        alone, cpu, rounds = apart_medians(self.ctx.staging, self.record, self.fresh, self.labels,
+                                           self.estimates_us, self.budget_s, ROUNDS, keep=True) \
             if self.fresh else ({}, {}, ROUNDS)
         if not self.configurations:
             return Pass(dict(alone), {}, dict(cpu), rounds)
@@ -155,7 +155,7 @@ class Measurement:
             runner.close()
         self.opened, self.configurations = [], {}
         if self.fresh:
-            release_fresh()
+            release_apart()
 
 
 def measure_configurations(ctx: Context, record: NetworkRecord, candidates: list[str], labels: dict[str, str],

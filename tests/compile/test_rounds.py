@@ -1,4 +1,5 @@
-"""Interleaved rounds of timed blocks, in this process and in a fresh one (`auto`'s measurement)."""
+"""Interleaved rounds of timed blocks, in this process and with each subject in a worker process of its own (`auto`'s
+measurement)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from rlopt.compile.auto import named_shapes
-from rlopt.compile.rounds import _Worker, fresh_process_medians, interleaved_medians, kept_worker, release_fresh
+import os
+
+from rlopt.compile.apart import _Workers, apart_medians, kept_workers, release_apart
+from rlopt.compile.rounds import interleaved_medians
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
 
@@ -55,29 +59,52 @@ def test_interleaved_medians_time_every_cell_of_every_configuration(monkeypatch:
     assert rounds == 1, "no round starts once the budget is spent, but one always runs"
 
 
-def test_onnx_runtime_alone_is_timed_in_a_fresh_process(tiny_compiled: Path) -> None:
+def _state(pid: int) -> str:
+    """The process state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _stopped(pid: int) -> bool:
+    """Stopped, or about to be: SIGSTOP is delivered when the process is next scheduled (up to 1 s here)."""
+    import time
+
+    for _ in range(100):
+        if _state(pid) == "T":
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_each_onnx_runtime_configuration_is_timed_in_a_process_of_its_own(tiny_compiled: Path) -> None:
     record = read_manifest(tiny_compiled).networks["policy"]
     labels = named_shapes(record, load_reference(tiny_compiled, record)) | {"other": "opt"}
     facts = record.artifacts["onnxruntime"].facts.as_dict()
     subjects = {"onnxruntime": ("onnxruntime", facts),
-                "onnxruntime 1 thread": ("onnxruntime", {**facts, "intra_op_threads": 1})}
-    alone, cpu, rounds = fresh_process_medians(tiny_compiled, record, subjects, labels)
-    assert rounds >= 1 and set(alone) == set(cpu) == set(subjects)
+                "onnxruntime 1 thread": ("onnxruntime", {**facts, "intra_op_threads": 1}),
+                "onnxruntime (A/A)": ("onnxruntime", facts)}
+    with kept_workers():
+        alone, cpu, rounds = apart_medians(tiny_compiled, record, subjects, labels, rounds=3)
+        pids = [p.popen.pid for p in _Workers.processes]
+        assert len(set(pids)) == 3 and os.getpid() not in pids, "one worker per subject"
+        assert all(_stopped(pid) for pid in pids), "frozen between their requests"
+    assert rounds == 3 and set(alone) == set(cpu) == set(subjects)
     assert all(set(table) == set(labels) and 0 < min(table.values()) < 1e6 for table in alone.values())
     assert all(0 < min(table.values()) < 1e6 for table in cpu.values())
+    assert _Workers.processes == [] and not any(Path(f"/proc/{pid}").exists() for pid in pids), "gone after"
 
 
-def test_a_fresh_process_keeps_its_runners_for_the_next_pass_until_released(tiny_compiled: Path) -> None:
+def test_a_worker_keeps_its_subject_for_the_next_pass_until_released(tiny_compiled: Path) -> None:
     record = read_manifest(tiny_compiled).networks["policy"]
     labels = named_shapes(record, load_reference(tiny_compiled, record))
     subjects = {"onnxruntime": ("onnxruntime", record.artifacts["onnxruntime"].facts.as_dict())}
-    with kept_worker():
-        first = fresh_process_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
-        second = fresh_process_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
-        release_fresh()
-        assert _Worker.process is not None and _Worker.process.poll() is None, "the worker lives on"
+    with kept_workers():
+        first = apart_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
+        worker = _Workers.processes[0]
+        second = apart_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
+        release_apart()
+        assert _Workers.processes == [worker] and worker.alive(), "the worker lives on"
     assert first[2] == second[2] == 2 and set(first[0]) == set(second[0]) == {"onnxruntime"}
-    assert _Worker.process is None, "and exits with the last kept_worker"
+    assert _Workers.processes == [] and not worker.alive(), "and exits with the last kept_workers"
 
 
 def test_a_fresh_process_that_fails_says_why_in_one_line(tiny_compiled: Path, tmp_path: Path) -> None:
@@ -86,6 +113,31 @@ def test_a_fresh_process_that_fails_says_why_in_one_line(tiny_compiled: Path, tm
     (tmp_path / "policy").mkdir()
     (tmp_path / "policy" / "reference.npz").write_bytes((tiny_compiled / record.reference.path).read_bytes())
     with pytest.raises(RuntimeError) as raised:  # the artifact is not in tmp_path
-        fresh_process_medians(tmp_path, record, {"onnxruntime": ("onnxruntime", {})}, labels)
+        apart_medians(tmp_path, record, {"onnxruntime": ("onnxruntime", {})}, labels)
     message = str(raised.value)
     assert message.startswith("timing onnxruntime in a fresh process failed: ") and "\n" not in message
+
+
+def test_a_frozen_worker_dies_with_the_process_that_started_it() -> None:
+    """A compile killed mid-measurement leaves no frozen worker behind (PR_SET_PDEATHSIG)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import signal, time\nfrom rlopt.compile.apart import _Process\np = _Process()\n"
+            "assert p.ask({'release': True}) == {'released': True}\nprint(p.popen.pid, flush=True)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        assert _stopped(worker), "frozen after its answer"
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    for _ in range(200):
+        if not Path(f"/proc/{worker}").exists() or _state(worker) == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"worker {worker} outlived its parent ({_state(worker)})")
