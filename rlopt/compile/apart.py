@@ -28,12 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.compile.rounds import ROUNDS, BUDGET_S, AloneSet, block_counts, one_round
+from rlopt.compile.rounds import ROUNDS, BUDGET_S, AloneSet, Subjects, block_counts, one_round
 from rlopt.manifest import NetworkRecord
 from rlopt.reference import Reference
 from rlopt.runtime.routes import Table
 
-Subjects = dict[str, tuple[str, dict[str, Any]]]  # key -> (backend, facts it is opened with)
 TIMEOUT_S = 120.0
 WORKER_CODE = "from rlopt.compile.apart import worker_main; worker_main()"
 
@@ -48,7 +47,6 @@ class _Process:
         self.popen = subprocess.Popen([sys.executable, "-c", WORKER_CODE, str(os.getpid())], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                                       start_new_session=True)
-        self.held: str | None = None  # the identity of the subject it has open
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -252,4 +250,4 @@ def worker_main() -> None:
         out.flush()
 
 
-__all__ = ["TIMEOUT_S", "Subjects", "apart_medians", "kept_workers", "release_apart", "worker_main"]
+__all__ = ["TIMEOUT_S", "apart_medians", "kept_workers", "release_apart", "worker_main"]
