@@ -69,17 +69,20 @@ def private_stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-QUICK_TIMING = {"rlopt.compile.measure.TIMING_BUDGET_S": 0.02, "rlopt.compile.route_passes.PASS_BUDGET_S": 0.25}
+QUICK_TIMING = {"rlopt.compile.measure.TIMING_BUDGET_S": 0.02, "rlopt.compile.route_passes.PASS_BUDGET_S": 0.25,
+                "rlopt.compile.apart.ENABLED": False}
 
 
 def quick_timing() -> None:
-    """Compile's timing budgets, cut for the suite: a test reads what a latency or a route records, never how close
-    it is to the truth (scripts/bench.py measures that with the shipped budgets). The launcher does the same."""
+    """Compile's timing budgets, cut for the suite, and `auto`'s subjects timed in the compiling process instead of
+    a worker each: a test reads what a latency or a route records, never how close it is to the truth
+    (scripts/bench.py measures that with the shipped settings; tests/compile/test_rounds.py times apart). The
+    launcher does the same."""
     import importlib
 
-    for dotted, seconds in QUICK_TIMING.items():
+    for dotted, value in QUICK_TIMING.items():
         module, name = dotted.rsplit(".", 1)
-        setattr(importlib.import_module(module), name, seconds)
+        setattr(importlib.import_module(module), name, value)
 
 
 def tiny_recipe_text(backends: str = ALL_BACKENDS, extra: str = "") -> str:

@@ -21,6 +21,7 @@ import numpy as np
 
 from rlopt.backends import BACKENDS, Runner, facts_of
 from rlopt.backends.capability import Table
+from rlopt.compile import apart
 from rlopt.compile.apart import apart_medians, release_apart
 from rlopt.compile.rounds import Cells, Subjects, interleaved_medians, open_subject, subject_cells
 from rlopt.errors import UsageError
@@ -104,7 +105,7 @@ class Measurement:
         self.ctx, self.record, self.labels, self.estimates_us = ctx, record, labels, estimates_us
         self.budget_s = PASS_BUDGET_S if budget_s is None else budget_s
         self.subjects = route_subjects(record, candidates, variants)
-        self.fresh = {k: v for k, v in self.subjects.items() if BACKENDS[v[0]].timed_apart}
+        self.fresh = {k: v for k, v in self.subjects.items() if BACKENDS[v[0]].timed_apart and apart.ENABLED}
         self.here = {k: v for k, v in self.subjects.items() if k not in self.fresh}
         twinned = next(iter(self.fresh or self.here))
         (self.fresh if self.fresh else self.here)[twinned + AA] = self.subjects[twinned]

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from rlopt.compile.auto import named_shapes
 import os
 
+from rlopt.compile import apart
+from rlopt.compile.auto import named_shapes
 from rlopt.compile.apart import _Workers, apart_medians, kept_workers, release_apart
+from rlopt.compile.route_passes import AA, Measurement
 from rlopt.compile.rounds import interleaved_medians
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
@@ -60,7 +62,7 @@ def test_interleaved_medians_time_every_cell_of_every_configuration(monkeypatch:
 
 
 def _state(pid: int) -> str:
-    """The process state letter from /proc (T: stopped)."""
+    """The process state letter from /proc (T: stopped; t: stopped while traced, as under strace)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
@@ -69,7 +71,7 @@ def _stopped(pid: int) -> bool:
     import time
 
     for _ in range(100):
-        if _state(pid) == "T":
+        if _state(pid) in ("T", "t"):
             return True
         time.sleep(0.01)
     return False
@@ -91,6 +93,18 @@ def test_each_onnx_runtime_configuration_is_timed_in_a_process_of_its_own(tiny_c
     assert all(set(table) == set(labels) and 0 < min(table.values()) < 1e6 for table in alone.values())
     assert all(0 < min(table.values()) < 1e6 for table in cpu.values())
     assert _Workers.processes == [] and not any(Path(f"/proc/{pid}").exists() for pid in pids), "gone after"
+
+
+def test_a_backend_timed_apart_is_measured_in_workers_unless_the_suite_turns_them_off(
+        tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = read_manifest(tiny_compiled).networks["policy"]
+    labels = named_shapes(record, load_reference(tiny_compiled, record))
+    monkeypatch.setattr(apart, "ENABLED", True)
+    shipped = Measurement(None, record, ["onnxruntime", "torchscript"], labels)  # type: ignore[arg-type]
+    assert set(shipped.fresh) == {"onnxruntime", "onnxruntime" + AA} and "onnxruntime" not in shipped.here
+    monkeypatch.setattr(apart, "ENABLED", False)
+    suite = Measurement(None, record, ["onnxruntime", "torchscript"], labels)  # type: ignore[arg-type]
+    assert suite.fresh == {} and {"onnxruntime", "torchscript"} <= set(suite.here)
 
 
 def test_a_worker_keeps_its_subject_for_the_next_pass_until_released(tiny_compiled: Path) -> None:
