@@ -6,7 +6,8 @@ in one process (a configuration and its A/A twin) shared the cores with each oth
 2 cores the twin read 1.5-2x apart from the configuration and the pool lost to one thread on noise. A frozen
 process (SIGSTOP) runs nothing; only the subject being timed and this idle process are left on the cores, as in
 `scripts/bench.py`, where each candidate has its process. A worker dies with this process (PR_SET_PDEATHSIG), so a
-killed compile leaves no frozen worker behind.
+killed compile leaves no frozen worker behind. Verify's latencies (`apart_latencies`) are timed the same way, one
+worker per backend, so the manifest records what `rlopt bench` and `rlopt.load` see, not this process's state.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from rlopt.compile.rounds import ROUNDS, BUDGET_S, AloneSet, Subjects, block_counts, one_round
+from rlopt.backends import open_runner
+from rlopt.compile.rounds import ROUNDS, BUDGET_S, AloneSet, Subjects, block_counts, one_round, point_latencies
 from rlopt.manifest import NetworkRecord
 from rlopt.reference import Reference
 from rlopt.runtime.routes import Table
+from rlopt.timing import LatencyStats
 
 TIMEOUT_S = 120.0
 ENABLED = True  # False: `auto` times every subject in the compiling process (the test suite, which never reads how
@@ -92,6 +95,7 @@ class _Workers:
     for the next ones inside `kept_workers`, all closed when the last such context ends."""
 
     processes: list[_Process] = []
+    named: dict[str, _Process] = {}  # `apart_latencies`' workers, one per backend
     kept = 0
     lock = threading.Lock()  # one measurement at a time: two at once would time each other
 
@@ -103,8 +107,16 @@ class _Workers:
         return cls.processes[:count]
 
     @classmethod
+    def own(cls, name: str) -> _Process:
+        """The worker that `name` alone uses (started now when it has none or it died)."""
+        if name not in cls.named or not cls.named[name].alive():
+            cls.named[name] = _Process()
+        return cls.named[name]
+
+    @classmethod
     def close(cls) -> None:
-        processes, cls.processes = cls.processes, []
+        processes, cls.processes = [*cls.processes, *cls.named.values()], []
+        cls.named = {}
         for process in processes:
             process.close()
 
@@ -166,6 +178,35 @@ def apart_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labe
     return table(walls), table(cpus), done
 
 
+def apart_latencies(backend: str, artifact: Path, facts: dict[str, Any], reference: Path, inputs: list[str],
+                    outputs: list[str], points: list[str], budget_s: float) -> dict[str, LatencyStats]:
+    """`point_latencies` of `backend`'s artifact, opened in a worker process of its own (one per backend, kept
+    inside `kept_workers`), as `rlopt bench` times it: the compiling process's other runtimes, their pools and
+    their warm caches are not in the figure. RuntimeError with the reason in one line when the worker fails."""
+    job = {"latency": {"backend": backend, "artifact": str(artifact), "facts": facts, "reference": str(reference),
+                       "inputs": inputs, "outputs": outputs, "points": points, "budget_s": budget_s}}
+    with _Workers.lock:
+        try:
+            answer = _answer(_Workers.own(backend).ask(job), {backend: (backend, facts)})
+        finally:
+            if not _Workers.kept:
+                _Workers.close()
+    return {point: LatencyStats(p50, p99, int(iterations)) for point, (p50, p99, iterations)
+            in answer["latency"].items()}
+
+
+def _latency(job: dict[str, Any]) -> dict[str, list[float]]:
+    """A worker's `apart_latencies` job: open, time, close."""
+    reference = Reference.load(Path(job["reference"]), job["inputs"], job["outputs"])
+    runner = open_runner(job["backend"], Path(job["artifact"]), job["inputs"], job["facts"])
+    try:
+        calls = {point: (lambda f=reference.feeds(point, 0): runner.infer(f)) for point in job["points"]}
+        stats = point_latencies(calls, job["budget_s"])
+    finally:
+        runner.close()
+    return {point: [s.p50_us, s.p99_us, s.iterations] for point, s in stats.items()}
+
+
 def _answer(answer: dict[str, Any], subjects: Subjects) -> dict[str, Any]:
     if "error" in answer:
         raise RuntimeError(f"timing {', '.join(subjects)} in a fresh process failed: {answer['error']}")
@@ -222,7 +263,8 @@ def _open(job: dict[str, Any], held: _Held | None) -> _Held:
 def worker_main() -> None:
     """A worker: jobs (JSON lines) on stdin, answers (JSON lines) on stdout; a library's prints go to stderr.
     Jobs: {"open": key, "subject", ...} opens and warms one subject (kept when it is the one held), {"round": n}
-    times one block per shape label, {"release": true} closes it."""
+    times one block per shape label, {"release": true} closes it; {"latency": ...} opens, times and closes an
+    artifact (`apart_latencies`)."""
     _die_with_parent(int(sys.argv[1]))
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -232,7 +274,9 @@ def worker_main() -> None:
         try:
             job = json.loads(line)
             answer: dict[str, Any]
-            if "round" in job:
+            if "latency" in job:
+                answer = {"latency": _latency(job["latency"])}
+            elif "round" in job:
                 if held is None:
                     raise RuntimeError("no subject is open")
                 blocks = one_round(held.opened.configurations[f"alone {held.key}"], held.counts, rng)
@@ -252,4 +296,4 @@ def worker_main() -> None:
         out.flush()
 
 
-__all__ = ["TIMEOUT_S", "apart_medians", "kept_workers", "release_apart", "worker_main"]
+__all__ = ["ENABLED", "TIMEOUT_S", "apart_latencies", "apart_medians", "kept_workers", "release_apart", "worker_main"]

@@ -19,7 +19,7 @@ from rlopt.manifest import NetworkRecord
 from rlopt.reference import Reference
 from rlopt.runtime import Session, unbucketed_variant
 from rlopt.runtime.routes import OTHER, Table
-from rlopt.timing import warm_until_steady
+from rlopt.timing import LatencyStats, warm_until_steady
 
 ROUNDS = 15
 BURST_CALLS = 7  # timed calls per (backend, shape) block after one untimed: the bench protocol's block of 8
@@ -29,6 +29,7 @@ SETTLE_S = 0.005  # pause between configurations, so the pools of the last one s
 BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
 WARM_CAP_S = 1.0  # the most one cell is warmed before the rounds
 FRESH_TIMEOUT_S = 120.0
+MIN_LATENCY_ROUNDS = 5  # a manifest latency is the median of at least this many blocks
 Call = Callable[[], object]
 Cells = dict[tuple[str, str], Call]
 
@@ -54,13 +55,9 @@ def subject_cells(key: str, runner: Runner, backend: str, record: NetworkRecord,
     return {(key, label): call for label, call in session_calls(runner, backend, record, reference, labels).items()}
 
 
-def timed_block(call: Call, count: int) -> tuple[float, float]:
-    """Median of `count` timed calls, and the median of the calling thread's CPU time per call, both in us; a block
-    of several starts with an untimed call (a single call longer than a whole block's budget is not worth
-    doubling). The CPU time does not count the time this thread waited for a core: for a call that computes on the
-    calling thread alone it is what the call costs whatever else runs on the machine (the median, as the wall
-    figure's: a block's mean counted the first call after the idle gap, whose cold caches cost a 19 us TVM call
-    36 us)."""
+def timed_calls(call: Call, count: int) -> tuple[list[float], list[float]]:
+    """`count` timed calls after an untimed one (a single call longer than a whole block's budget is not worth
+    doubling): each call's wall time and the calling thread's CPU time, us."""
     if count > 1:
         call()
     walls, cpus = [], []
@@ -68,9 +65,19 @@ def timed_block(call: Call, count: int) -> tuple[float, float]:
         cpu = time.thread_time_ns()
         start = time.perf_counter_ns()
         call()
-        walls.append(time.perf_counter_ns() - start)
-        cpus.append(time.thread_time_ns() - cpu)
-    return float(np.median(walls)) / 1e3, float(np.median(cpus)) / 1e3
+        walls.append((time.perf_counter_ns() - start) / 1e3)
+        cpus.append((time.thread_time_ns() - cpu) / 1e3)
+    return walls, cpus
+
+
+def timed_block(call: Call, count: int) -> tuple[float, float]:
+    """Median of `count` timed calls (`timed_calls`), and the median of the calling thread's CPU time per call, both
+    in us. The CPU time does not count the time this thread waited for a core: for a call that computes on the
+    calling thread alone it is what the call costs whatever else runs on the machine (the median, as the wall
+    figure's: a block's mean counted the first call after the idle gap, whose cold caches cost a 19 us TVM call
+    36 us)."""
+    walls, cpus = timed_calls(call, count)
+    return float(np.median(walls)), float(np.median(cpus))
 
 
 def block_median(call: Call, count: int) -> float:
@@ -138,6 +145,29 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     return medians(walls), medians(cpus), done
 
 
+def point_latencies(calls: dict[str, Call], budget_s: float, rounds: int = ROUNDS,
+                    min_rounds: int = MIN_LATENCY_ROUNDS, seed: int = 0) -> dict[str, LatencyStats]:
+    """Each named point's latency as `rlopt bench` times a candidate: warmed until steady, then rounds of one block
+    per point in shuffled order, each after GAP_S idle (a caller steps its environment between calls, so the calls
+    never run back to back); p50 is the median of the blocks' medians (the bench's figure), p99 over every timed
+    call. At least `min_rounds`, at most `rounds`; no round past `min_rounds` starts once `budget_s` is spent."""
+    cells = {("", point): call for point, call in calls.items()}
+    counts = block_counts(cells)
+    rng = random.Random(seed)
+    medians: dict[str, list[float]] = {point: [] for point in calls}
+    every: dict[str, list[float]] = {point: [] for point in calls}
+    deadline, done = time.monotonic() + budget_s, 0
+    while done < rounds and (done < min_rounds or time.monotonic() < deadline):
+        for cell in rng.sample(list(cells), len(cells)):
+            time.sleep(GAP_S)
+            walls, _ = timed_calls(cells[cell], counts[cell])
+            medians[cell[1]].append(float(np.median(walls)))
+            every[cell[1]].extend(walls)
+        done += 1
+    return {point: LatencyStats(float(np.median(medians[point])), float(np.percentile(every[point], 99)),
+                                len(every[point])) for point in calls}
+
+
 Subjects = dict[str, tuple[str, dict[str, Any]]]  # key -> (backend, facts it is opened with)
 
 
@@ -197,4 +227,4 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
 
 __all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Call", "Cells", "Medians", "Subjects",
            "alone_medians", "block_counts", "block_median", "interleaved_medians", "one_round", "open_subject",
-           "session_calls", "subject_cells", "timed_block"]
+           "point_latencies", "session_calls", "subject_cells", "timed_block", "timed_calls"]

@@ -155,3 +155,52 @@ def test_a_frozen_worker_dies_with_the_process_that_started_it() -> None:
         time.sleep(0.05)
     else:
         raise AssertionError(f"worker {worker} outlived its parent ({_state(worker)})")
+
+
+def test_point_latencies_report_the_median_of_block_medians_and_take_the_minimum_rounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlopt.compile import rounds as rounds_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(rounds_module, "time", clock)
+    monkeypatch.setattr(rounds_module, "warm_until_steady", lambda call, **_: 0)
+    spikes = iter([100.0, 100.0, 900.0] + [100.0] * 1000)  # estimate, untimed, then one slow timed call
+    calls = {"min": lambda: setattr(clock, "ns", clock.ns + int(next(spikes) * 1e3)),
+             "max": clock.costing(3000)}
+    stats = rounds_module.point_latencies(calls, budget_s=0.0, min_rounds=5)
+    assert set(stats) == {"min", "max"}
+    assert stats["min"].p50_us == 100.0 and stats["max"].p50_us == 3000.0
+    assert stats["min"].p99_us > 100.0, "the slow call is in the p99"
+    # a block is BURST_CALLS cheap calls, or one call where that many would take over CELL_BUDGET_S
+    assert stats["min"].iterations == 5 * rounds_module.BURST_CALLS and stats["max"].iterations == 5
+
+
+def test_verify_latencies_are_timed_in_a_worker_of_their_own(tiny_compiled: Path) -> None:
+    from rlopt.compile.apart import apart_latencies
+
+    record = read_manifest(tiny_compiled).networks["policy"]
+    artifact = record.artifacts["onnxruntime"]
+    assert artifact.path is not None and record.reference is not None
+    with kept_workers():
+        stats = apart_latencies("onnxruntime", tiny_compiled / artifact.path, artifact.facts.as_dict(),
+                                tiny_compiled / record.reference.path, list(record.inputs), list(record.outputs),
+                                ["min", "opt", "max"], budget_s=0.05)
+        worker = _Workers.named["onnxruntime"]
+        assert worker.popen.pid != os.getpid() and _stopped(worker.popen.pid), "frozen between its requests"
+    assert set(stats) == {"min", "opt", "max"}
+    assert all(0 < s.p50_us <= s.p99_us < 1e6 and s.iterations >= 5 for s in stats.values())
+    assert _Workers.named == {} and not worker.alive(), "gone with the compile"
+
+
+def test_a_latency_worker_that_cannot_open_the_artifact_says_why_in_one_line(tiny_compiled: Path,
+                                                                            tmp_path: Path) -> None:
+    from rlopt.compile.apart import apart_latencies
+
+    record = read_manifest(tiny_compiled).networks["policy"]
+    assert record.reference is not None
+    (tmp_path / "model.onnx").write_bytes(b"not onnx")
+    with pytest.raises(RuntimeError) as raised:
+        apart_latencies("onnxruntime", tmp_path / "model.onnx", {}, tiny_compiled / record.reference.path,
+                        list(record.inputs), list(record.outputs), ["opt"], budget_s=0.05)
+    assert str(raised.value).startswith("timing onnxruntime in a fresh process failed: ")
+    assert "\n" not in str(raised.value)
