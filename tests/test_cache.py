@@ -186,19 +186,19 @@ def test_a_cached_stage_key_covers_every_rlopt_module_its_code_can_run() -> None
         return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
 
     cached = [cls for cls in subclasses(Stage) if cls.cached]
-    assert {"ExportOnnx", "RecordReference", "VerifyBackend", "TvmBuild"} <= {cls.__name__ for cls in cached}
+    assert {"ExportOnnx", "RecordReference", "VerifyBackend", "TimeBackends", "TvmBuild"} <= {cls.__name__ for cls in cached}
     missing = {}
     from rlopt.backends import BACKENDS
 
-    # VerifyBackend's and ChooseAuto's keys hold package_digest of each backend's runner package (`runner_code`);
-    # ChooseAuto's also the runtime package's (`runtime`)
+    # VerifyBackend's, TimeBackends' and ChooseAuto's keys hold package_digest of each backend's runner package
+    # (`runner_code`); TimeBackends' and ChooseAuto's also the runtime package's (`runtime`)
     runner_packages = tuple(b.runner.partition(":")[0].rpartition(".")[0] + "." for b in BACKENDS.values())
     for cls in cached:
         keyed = {cls.__module__, *cls.helpers, *KEY_NEUTRAL}
         for module, via in _reached_modules(cls).items():
-            if cls.__name__ in ("VerifyBackend", "ChooseAuto") and module.startswith(runner_packages):
+            if cls.__name__ in ("VerifyBackend", "TimeBackends", "ChooseAuto") and module.startswith(runner_packages):
                 continue
-            if cls.__name__ == "ChooseAuto" and module.startswith("rlopt.runtime."):
+            if cls.__name__ in ("TimeBackends", "ChooseAuto") and module.startswith("rlopt.runtime."):
                 continue
             if module not in keyed and (cls.__name__, module) not in UNCACHED_PATHS:
                 missing[f"{cls.__name__}: {module}"] = via

@@ -6,8 +6,8 @@ in one process (a configuration and its A/A twin) shared the cores with each oth
 2 cores the twin read 1.5-2x apart from the configuration and the pool lost to one thread on noise. A frozen
 process (SIGSTOP) runs nothing; only the subject being timed and this idle process are left on the cores, as in
 `scripts/bench.py`, where each candidate has its process. A worker dies with this process (PR_SET_PDEATHSIG), so a
-killed compile leaves no frozen worker behind. Verify's latencies (`apart_latencies`) are timed the same way, one
-worker per backend, so the manifest records what `rlopt bench` and `rlopt.load` see, not this process's state.
+killed compile leaves no frozen worker behind. The manifest's latencies are timed the same way (`latency.py`),
+every verified backend in a worker of its own, so they are what `rlopt bench` and `rlopt.load` see.
 """
 
 from __future__ import annotations
@@ -20,21 +20,19 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
-from rlopt.backends import open_runner
-from rlopt.compile.rounds import ROUNDS, BUDGET_S, AloneSet, Subjects, block_counts, one_round, point_latencies
+from rlopt.backends import BACKENDS
+from rlopt.compile.rounds import (BUDGET_S, ROUNDS, AloneSet, Block, RoundOf, Rounds, Subjects, block_counts,
+                                  drive_rounds, one_round)
 from rlopt.manifest import NetworkRecord
 from rlopt.reference import Reference
 from rlopt.runtime.routes import Table
-from rlopt.timing import LatencyStats
 
 TIMEOUT_S = 120.0
 ENABLED = True  # False: `auto` times every subject in the compiling process (the test suite, which never reads how
@@ -44,11 +42,14 @@ WORKER_CODE = "from rlopt.compile.apart import worker_main; worker_main()"
 
 class _Process:
     """One worker: a fresh interpreter (torch / ORT / TVM pools do not survive fork) in its own process group,
-    frozen except while it answers a request."""
+    frozen except while it answers a request. Its environment is a bench worker's: each backend's runtime-only
+    settings (it never compiles) and TVM_BIND_THREADS=0 (else TVM pins the thread that opens it to one core)."""
 
     def __init__(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        env = {**dict(name_value for backend in BACKENDS.values() for name_value in backend.runtime_env),
+               **os.environ, "TVM_BIND_THREADS": os.environ.get("TVM_BIND_THREADS", "0"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self.popen = subprocess.Popen([sys.executable, "-c", WORKER_CODE, str(os.getpid())], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                                       start_new_session=True)
@@ -95,7 +96,6 @@ class _Workers:
     for the next ones inside `kept_workers`, all closed when the last such context ends."""
 
     processes: list[_Process] = []
-    named: dict[str, _Process] = {}  # `apart_latencies`' workers, one per backend
     kept = 0
     lock = threading.Lock()  # one measurement at a time: two at once would time each other
 
@@ -107,16 +107,8 @@ class _Workers:
         return cls.processes[:count]
 
     @classmethod
-    def own(cls, name: str) -> _Process:
-        """The worker that `name` alone uses (started now when it has none or it died)."""
-        if name not in cls.named or not cls.named[name].alive():
-            cls.named[name] = _Process()
-        return cls.named[name]
-
-    @classmethod
     def close(cls) -> None:
-        processes, cls.processes = [*cls.processes, *cls.named.values()], []
-        cls.named = {}
+        processes, cls.processes = cls.processes, []
         for process in processes:
             process.close()
 
@@ -139,13 +131,13 @@ def kept_workers(start: bool = False) -> Iterator[None]:
                 _Workers.close()
 
 
-def apart_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
-                  estimates_us: Table | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
-                  keep: bool = False, seed: int = 0) -> tuple[Table, Table, int]:
-    """Each subject opened alone in a worker of its own and timed in interleaved rounds (each round visits the
-    workers in shuffled order; a worker times one block per shape label, the others frozen): wall and CPU medians
-    per subject and label (us) and the rounds done. `keep`: the workers keep their subjects open for the next call
-    with the same ones (until `release_apart`). RuntimeError with the reason in one line when a worker fails."""
+def apart_rounds(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
+                 estimates_us: Table | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
+                 keep: bool = False, seed: int = 0, min_rounds: int = 1) -> Rounds:
+    """Each subject opened alone in a worker of its own and timed in interleaved rounds (`drive_rounds`: each round
+    visits the workers in shuffled order; a worker times one block per shape label, the others frozen). `keep`: the
+    workers keep their subjects open for the next call with the same ones (until `release_apart`). RuntimeError
+    with the reason in one line when a worker fails."""
     assert record.reference is not None
     common = {"staging": str(staging), "record": record.model_dump(mode="json"), "labels": labels,
               "reference": str(staging / record.reference.path), "estimates_us": estimates_us or {}}
@@ -154,57 +146,29 @@ def apart_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labe
             workers = dict(zip(subjects, _Workers.take(len(subjects))))
             for key, worker in workers.items():
                 _answer(worker.ask({**common, "open": key, "subject": subjects[key]}), subjects)
-            rng = random.Random(seed)
-            walls: dict[str, dict[str, list[float]]] = {k: {label: [] for label in labels} for k in subjects}
-            cpus: dict[str, dict[str, list[float]]] = {k: {label: [] for label in labels} for k in subjects}
-            deadline, done = time.monotonic() + budget_s, 0
-            while done < rounds and (done == 0 or time.monotonic() < deadline):
-                for key in rng.sample(list(workers), len(workers)):
-                    timed = _answer(workers[key].ask({"round": done}), subjects)
-                    for label, (wall, cpu) in timed["blocks"].items():
-                        walls[key][label].append(wall)
-                        cpus[key][label].append(cpu)
-                done += 1
+
+            def round_of(worker: _Process) -> RoundOf:
+                def blocks() -> dict[str, Block]:
+                    timed = _answer(worker.ask({"round": True}), subjects)["blocks"]
+                    return {label: Block(wall, cpu, calls) for label, (wall, cpu, calls) in timed.items()}
+                return blocks
+
+            result = drive_rounds({k: round_of(w) for k, w in workers.items()}, rounds, budget_s, min_rounds, seed)
             if not keep:
                 for worker in workers.values():
                     worker.ask({"release": True})
         finally:
             if not _Workers.kept:
                 _Workers.close()
-
-    def table(samples: dict[str, dict[str, list[float]]]) -> Table:
-        return {k: {label: round(float(np.median(v)), 2) for label, v in cells.items()} for k, cells in samples.items()}
-
-    return table(walls), table(cpus), done
+    return result
 
 
-def apart_latencies(backend: str, artifact: Path, facts: dict[str, Any], reference: Path, inputs: list[str],
-                    outputs: list[str], points: list[str], budget_s: float) -> dict[str, LatencyStats]:
-    """`point_latencies` of `backend`'s artifact, opened in a worker process of its own (one per backend, kept
-    inside `kept_workers`), as `rlopt bench` times it: the compiling process's other runtimes, their pools and
-    their warm caches are not in the figure. RuntimeError with the reason in one line when the worker fails."""
-    job = {"latency": {"backend": backend, "artifact": str(artifact), "facts": facts, "reference": str(reference),
-                       "inputs": inputs, "outputs": outputs, "points": points, "budget_s": budget_s}}
-    with _Workers.lock:
-        try:
-            answer = _answer(_Workers.own(backend).ask(job), {backend: (backend, facts)})
-        finally:
-            if not _Workers.kept:
-                _Workers.close()
-    return {point: LatencyStats(p50, p99, int(iterations)) for point, (p50, p99, iterations)
-            in answer["latency"].items()}
-
-
-def _latency(job: dict[str, Any]) -> dict[str, list[float]]:
-    """A worker's `apart_latencies` job: open, time, close."""
-    reference = Reference.load(Path(job["reference"]), job["inputs"], job["outputs"])
-    runner = open_runner(job["backend"], Path(job["artifact"]), job["inputs"], job["facts"])
-    try:
-        calls = {point: (lambda f=reference.feeds(point, 0): runner.infer(f)) for point in job["points"]}
-        stats = point_latencies(calls, job["budget_s"])
-    finally:
-        runner.close()
-    return {point: [s.p50_us, s.p99_us, s.iterations] for point, s in stats.items()}
+def apart_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
+                  estimates_us: Table | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
+                  keep: bool = False, seed: int = 0) -> tuple[Table, Table, int]:
+    """`apart_rounds`' wall and CPU medians per subject and label (us), and the rounds done."""
+    result = apart_rounds(staging, record, subjects, labels, estimates_us, budget_s, rounds, keep, seed)
+    return result.medians(), result.medians(cpu=True), result.done
 
 
 def _answer(answer: dict[str, Any], subjects: Subjects) -> dict[str, Any]:
@@ -263,8 +227,7 @@ def _open(job: dict[str, Any], held: _Held | None) -> _Held:
 def worker_main() -> None:
     """A worker: jobs (JSON lines) on stdin, answers (JSON lines) on stdout; a library's prints go to stderr.
     Jobs: {"open": key, "subject", ...} opens and warms one subject (kept when it is the one held), {"round": n}
-    times one block per shape label, {"release": true} closes it; {"latency": ...} opens, times and closes an
-    artifact (`apart_latencies`)."""
+    times one block per shape label, {"release": true} closes it."""
     _die_with_parent(int(sys.argv[1]))
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -274,13 +237,11 @@ def worker_main() -> None:
         try:
             job = json.loads(line)
             answer: dict[str, Any]
-            if "latency" in job:
-                answer = {"latency": _latency(job["latency"])}
-            elif "round" in job:
+            if "round" in job:
                 if held is None:
                     raise RuntimeError("no subject is open")
                 blocks = one_round(held.opened.configurations[f"alone {held.key}"], held.counts, rng)
-                answer = {"blocks": {label: list(timed) for (_, label), timed in blocks.items()}}
+                answer = {"blocks": {label: [b.wall, b.cpu, b.calls] for (_, label), b in blocks.items()}}
             elif job.get("release"):
                 if held is not None:
                     held.opened.close()
@@ -296,4 +257,4 @@ def worker_main() -> None:
         out.flush()
 
 
-__all__ = ["ENABLED", "TIMEOUT_S", "apart_latencies", "apart_medians", "kept_workers", "release_apart", "worker_main"]
+__all__ = ["ENABLED", "TIMEOUT_S", "apart_medians", "apart_rounds", "kept_workers", "release_apart", "worker_main"]

@@ -1,23 +1,21 @@
-"""Verify and time one built backend through the same runners the runtime uses: the `verify <backend>` stage.
+"""Verify one built backend through the same runners the runtime uses: the `verify <backend>` stage (its latencies
+are the `latency` stage's, `latency.py`).
 
 The parity gate itself is `rlopt.verify.gate_runner`, shared with `rlopt verify`; a network with recurrent
 state is checked over every recorded step with the backend's own state fed back (`rlopt.parity.run_parity`).
 """
 
 from __future__ import annotations
+
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlopt.backends import BACKENDS, Runner, open_runner
-from rlopt.compile import apart
-from rlopt.compile.apart import apart_latencies
-from rlopt.compile.rounds import point_latencies
+from rlopt.backends import BACKENDS, open_runner
 from rlopt.errors import BackendUnavailable, describe_exception
 from rlopt.facts import ArtifactFacts
-from rlopt.manifest import BackendRecord, Latency, file_record, sha256_file
+from rlopt.manifest import BackendRecord, file_record, sha256_file
 from rlopt.parity import Tolerance
 from rlopt.reference import Reference
 from rlopt.stages.base import Context, Stage, StageOutput, package_digest
@@ -25,7 +23,6 @@ from rlopt.timing import LatencyStats, measure
 from rlopt.verify import gate_runner
 
 VARIANT_SAMPLES = 4
-TIMING_BUDGET_S = 0.1  # per point, for the manifest's p50/p99 and `auto`'s pruning; `auto` times its choice itself
 Infer = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 
@@ -33,24 +30,6 @@ def time_points(infer: Callable[[dict[str, np.ndarray]], object], reference: Ref
                 **options: Any) -> dict[str, LatencyStats]:
     """Latency of `infer` on each point's first recorded sample (`options` go to rlopt.timing.measure)."""
     return {point: measure(lambda feeds=reference.feeds(point, 0): infer(feeds), **options) for point in points}
-
-
-def artifact_latencies(ctx: Context, backend: str, artifact: Path, facts: ArtifactFacts,
-                       runner: Runner) -> tuple[dict[str, LatencyStats], str | None]:
-    """Each named point's latency (`point_latencies`: the bench's protocol), TIMING_BUDGET_S per point, in a worker
-    process of its own (`apart_latencies`); in this process, through `runner`, where workers are off (the suite)
-    or the worker failed (then with a notice saying so). A latency timed here read 0.4-2.7x what `rlopt bench`
-    measured for the same artifact: this process holds every other backend's runtime, pools and warm caches."""
-    reference, points = ctx.reference, list(ctx.reference.points)
-    budget_s = TIMING_BUDGET_S * len(points)
-    notice = None
-    if apart.ENABLED:
-        try:
-            return apart_latencies(backend, artifact, facts.as_dict(), ctx.artifacts["reference.npz"],
-                                   list(ctx.spec.inputs), list(ctx.spec.outputs), points, budget_s), None
-        except RuntimeError as exc:
-            notice = f"latencies timed in the compiling process, not apart: {exc}"
-    return point_latencies({p: (lambda f=reference.feeds(p, 0): runner.infer(f)) for p in points}, budget_s), notice
 
 
 def _time_variant(base: BackendRecord, variant: str, infer: Callable[[dict[str, np.ndarray]], object],
@@ -64,13 +43,12 @@ def _time_variant(base: BackendRecord, variant: str, infer: Callable[[dict[str, 
 
 
 class VerifyBackend(Stage):
-    """Parity and latency of one built backend; reused from the cache when artifact, reference and gate are unchanged."""
+    """Parity of one built backend; reused from the cache when artifact, reference and gate are unchanged."""
 
     name, inputs, cached, machine_dependent = "verify", ("reference.npz",), True, True
     # the gate and the timing (the runner's package is in `config`): a changed one re-runs, not a cached verdict
     helpers = ("rlopt.verify", "rlopt.parity", "rlopt.timing", "rlopt.reference", "rlopt.facts", "rlopt.runtime.routes",
-               "rlopt.backends", "rlopt.backends.base", "rlopt.arrays", "rlopt.onnx_session", "rlopt.compile.rounds",
-               "rlopt.compile.apart")
+               "rlopt.backends", "rlopt.backends.base", "rlopt.arrays", "rlopt.onnx_session")
 
     def __init__(self, backend: str, output: StageOutput, tol: Tolerance, identity: Any = None) -> None:
         self.backend, self.output, self.tol, self.identity = backend, output, tol, identity
@@ -99,9 +77,7 @@ class VerifyBackend(Stage):
         record = BackendRecord.of(self.backend, out.facts["record"])
         if record.parity is None:
             return out.facts["failure"] or record.facts.not_verified or ""
-        latency = ", ".join(f"{p} p50 {v.p50:.0f}us" for p, v in record.latency_us.items())
-        return ("ok" if record.parity.passed else "FAILED") + f" max_abs {record.parity.max_abs:.2e}" + \
-            (f"; {latency}" if latency else "")
+        return ("ok" if record.parity.passed else "FAILED") + f" max_abs {record.parity.max_abs:.2e}"
 
     def measure(self, ctx: Context) -> tuple[BackendRecord, str | None]:
         backend, output, tol, spec, reference = self.backend, self.output, self.tol, ctx.spec, ctx.reference
@@ -131,13 +107,6 @@ class VerifyBackend(Stage):
                 return base, failure
             if gate.serving is not None and gate.serving_infer is not None:
                 _time_variant(base, gate.serving, gate.serving_infer, reference)
-            latencies, notice = artifact_latencies(ctx, backend, output.artifact, base.facts, runner)
-            base.latency_us = {
-                point: Latency(shape=reference.shape(point), p50=round(stats.p50_us, 2), p99=round(stats.p99_us, 2),
-                               iterations=stats.iterations)
-                for point, stats in latencies.items()}
-            if notice:
-                base.facts = base.facts.updated(notice="; ".join(filter(None, [base.facts.notice, notice])))
         finally:
             runner.close()
         return base, None
@@ -151,4 +120,4 @@ def backend_record(ctx: Context, backend: str, out: StageOutput, artifact: Any) 
     return record, out.facts["failure"]
 
 
-__all__ = ["TIMING_BUDGET_S", "VARIANT_SAMPLES", "VerifyBackend", "backend_record", "time_points"]
+__all__ = ["VARIANT_SAMPLES", "VerifyBackend", "backend_record", "time_points"]

@@ -8,6 +8,7 @@ from rlopt.backends import BACKENDS, facts_of
 from rlopt.compile.engine import Engine
 from rlopt.compile.gpu_path import plan_padding, precision_record, write_triton
 from rlopt.compile.auto import ChooseAuto
+from rlopt.compile.latency import TimeBackends, apply_latencies, timed_backends
 from rlopt.compile.measure import VerifyBackend, backend_record
 from rlopt.facts import ExportFacts, NetworkFacts, ScriptFacts
 from rlopt.manifest import BackendRecord, InputProfile, NetworkRecord, file_record
@@ -83,6 +84,10 @@ def compile_network(engine: Engine, ctx: Context, frontend: list[type[Stage]] | 
     )
     if ctx.artifacts.get("model.padded.onnx") is not None:
         record.files["model.padded.onnx"] = file_record(ctx.staging, ctx.artifacts["model.padded.onnx"])
+    if timed_backends(record):
+        timed = engine.run(TimeBackends(record, identities), ctx)
+        assert timed is not None
+        apply_latencies(record, timed)
     none = StageOutput(None)
     script, export = ctx.outputs.get("script", none).facts, ctx.outputs.get("onnx", none).facts
     engine.run(TritonRepository(record.artifacts), ctx)
@@ -110,7 +115,7 @@ def stage_code_versions() -> dict[str, str]:
     """Every stage's cache name -> its current code version ('verify' stands for every 'verify <backend>')."""
     from rlopt.stages.frontend import FRONTEND_TO_PADDING
 
-    classes = [*FRONTEND, *FRONTEND_TO_PADDING, TritonRepository, VerifyBackend, ChooseAuto,
+    classes = [*FRONTEND, *FRONTEND_TO_PADDING, TritonRepository, VerifyBackend, TimeBackends, ChooseAuto,
                *(load_stage(path) for backend in BACKENDS.values() for path in backend.stages)]
     return {stage.name: stage.code_version() for stage in classes}
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from rlopt.manifest import NetworkRecord
 from rlopt.reference import Reference
 from rlopt.runtime import Session, unbucketed_variant
 from rlopt.runtime.routes import OTHER, Table
-from rlopt.timing import LatencyStats, warm_until_steady
+from rlopt.timing import warm_until_steady
 
 ROUNDS = 15
 BURST_CALLS = 7  # timed calls per (backend, shape) block after one untimed: the bench protocol's block of 8
@@ -28,8 +29,6 @@ GAP_S = 0.001  # idle before each block: a bench worker is woken for its block, 
 SETTLE_S = 0.005  # pause between configurations, so the pools of the last one stop spinning first
 BUDGET_S = 3.0  # no measuring round starts after this long (a heavy network on a busy machine gets fewer rounds)
 WARM_CAP_S = 1.0  # the most one cell is warmed before the rounds
-FRESH_TIMEOUT_S = 120.0
-MIN_LATENCY_ROUNDS = 5  # a manifest latency is the median of at least this many blocks
 Call = Callable[[], object]
 Cells = dict[tuple[str, str], Call]
 
@@ -102,14 +101,64 @@ def block_counts(cells: Cells, estimates_us: Table | None = None) -> dict[tuple[
     return counts
 
 
-def one_round(cells: Cells, counts: dict[tuple[str, str], int],
-              rng: random.Random) -> dict[tuple[str, str], tuple[float, float]]:
-    """One block per cell in shuffled order, each after GAP_S idle: (wall, CPU) medians per call, us."""
+class Block(NamedTuple):
+    """One timed block of a cell: the median wall and CPU time per call and every call's wall time, us."""
+
+    wall: float
+    cpu: float
+    calls: list[float]
+
+
+def one_round(cells: Cells, counts: dict[tuple[str, str], int], rng: random.Random) -> dict[tuple[str, str], Block]:
+    """One block per cell in shuffled order, each after GAP_S idle."""
     timed = {}
     for cell in rng.sample(list(cells), len(cells)):
         time.sleep(GAP_S)
-        timed[cell] = timed_block(cells[cell], counts[cell])
+        walls, cpus = timed_calls(cells[cell], counts[cell])
+        timed[cell] = Block(float(np.median(walls)), float(np.median(cpus)), walls)
     return timed
+
+
+@dataclass
+class Rounds:
+    """What interleaved rounds over subjects gave, per subject key and shape label: each round's block median (wall
+    and CPU) and every timed call's wall time (us), and the rounds done."""
+
+    walls: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    cpus: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    calls: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    done: int = 0
+
+    def medians(self, cpu: bool = False) -> Table:
+        """The median over rounds of each block median (the bench's figure), per key and label."""
+        samples = self.cpus if cpu else self.walls
+        return {k: {label: round(float(np.median(v)), 2) for label, v in cells.items() if v}
+                for k, cells in samples.items()}
+
+    def p99(self) -> Table:
+        """The 99th percentile of every timed call, per key and label."""
+        return {k: {label: round(float(np.percentile(v, 99)), 2) for label, v in cells.items() if v}
+                for k, cells in self.calls.items()}
+
+
+RoundOf = Callable[[], dict[str, Block]]  # one subject's blocks of one round, per shape label
+
+
+def drive_rounds(subjects: dict[str, RoundOf], rounds: int = ROUNDS, budget_s: float = BUDGET_S,
+                 min_rounds: int = 1, seed: int = 0) -> Rounds:
+    """Rounds that visit every subject in shuffled order (`subjects[key]()` times one block per shape label): at
+    least `min_rounds` (and one), at most `rounds`; no round past `min_rounds` starts once `budget_s` is spent."""
+    rng = random.Random(seed)
+    result = Rounds({k: {} for k in subjects}, {k: {} for k in subjects}, {k: {} for k in subjects})
+    deadline = time.monotonic() + budget_s
+    while result.done < rounds and (result.done < max(1, min_rounds) or time.monotonic() < deadline):
+        for key in rng.sample(list(subjects), len(subjects)):
+            for label, block in subjects[key]().items():
+                result.walls[key].setdefault(label, []).append(block.wall)
+                result.cpus[key].setdefault(label, []).append(block.cpu)
+                result.calls[key].setdefault(label, []).extend(block.calls)
+        result.done += 1
+    return result
 
 
 def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, seed: int = 0,
@@ -133,9 +182,9 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     deadline, done = time.monotonic() + budget_s, 0
     while done < rounds and (done == 0 or time.monotonic() < deadline):
         for config in rng.sample(list(configurations), len(configurations)):
-            for cell, (wall, cpu) in one_round(configurations[config], counts[config], rng).items():
-                walls[config][cell].append(wall)
-                cpus[config][cell].append(cpu)
+            for cell, block in one_round(configurations[config], counts[config], rng).items():
+                walls[config][cell].append(block.wall)
+                cpus[config][cell].append(block.cpu)
             time.sleep(SETTLE_S)
         done += 1
 
@@ -143,29 +192,6 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
         return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in samples.items()}
 
     return medians(walls), medians(cpus), done
-
-
-def point_latencies(calls: dict[str, Call], budget_s: float, rounds: int = ROUNDS,
-                    min_rounds: int = MIN_LATENCY_ROUNDS, seed: int = 0) -> dict[str, LatencyStats]:
-    """Each named point's latency as `rlopt bench` times a candidate: warmed until steady, then rounds of one block
-    per point in shuffled order, each after GAP_S idle (a caller steps its environment between calls, so the calls
-    never run back to back); p50 is the median of the blocks' medians (the bench's figure), p99 over every timed
-    call. At least `min_rounds`, at most `rounds`; no round past `min_rounds` starts once `budget_s` is spent."""
-    cells = {("", point): call for point, call in calls.items()}
-    counts = block_counts(cells)
-    rng = random.Random(seed)
-    medians: dict[str, list[float]] = {point: [] for point in calls}
-    every: dict[str, list[float]] = {point: [] for point in calls}
-    deadline, done = time.monotonic() + budget_s, 0
-    while done < rounds and (done < min_rounds or time.monotonic() < deadline):
-        for cell in rng.sample(list(cells), len(cells)):
-            time.sleep(GAP_S)
-            walls, _ = timed_calls(cells[cell], counts[cell])
-            medians[cell[1]].append(float(np.median(walls)))
-            every[cell[1]].extend(walls)
-        done += 1
-    return {point: LatencyStats(float(np.median(medians[point])), float(np.percentile(every[point], 99)),
-                                len(every[point])) for point in calls}
 
 
 Subjects = dict[str, tuple[str, dict[str, Any]]]  # key -> (backend, facts it is opened with)
@@ -214,6 +240,25 @@ class AloneSet:
         self.opened, self.configurations = [], {}
 
 
+def alone_rounds(staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
+                 labels: dict[str, str], budget_s: float = BUDGET_S, rounds: int = ROUNDS,
+                 min_rounds: int = 1) -> Rounds:
+    """`drive_rounds` over the subjects opened alone in this process (`AloneSet`, closed after): what
+    `apart.apart_rounds` does with a worker process per subject, for where workers are off."""
+    opened = AloneSet(staging, record, reference, subjects, labels)
+    try:
+        rng = random.Random(0)
+
+        def round_of(key: str, cells: Cells, counts: dict[tuple[str, str], int]) -> RoundOf:
+            return lambda: {label: block for (_, label), block in one_round(cells, counts, rng).items()}
+
+        timed = {k: round_of(k, opened.configurations[f"alone {k}"],
+                             block_counts(opened.configurations[f"alone {k}"])) for k in subjects}
+        return drive_rounds(timed, rounds, budget_s, min_rounds)
+    finally:
+        opened.close()
+
+
 def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
                   labels: dict[str, str], estimates_us: Table | None = None,
                   budget_s: float = BUDGET_S) -> tuple[Table, Table, int]:
@@ -225,6 +270,7 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
         opened.close()
 
 
-__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Call", "Cells", "Medians", "Subjects",
-           "alone_medians", "block_counts", "block_median", "interleaved_medians", "one_round", "open_subject",
-           "point_latencies", "session_calls", "subject_cells", "timed_block", "timed_calls"]
+__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Block", "Call", "Cells", "Medians",
+           "RoundOf", "Rounds", "Subjects", "alone_medians", "alone_rounds", "block_counts", "block_median",
+           "drive_rounds", "interleaved_medians", "one_round", "open_subject", "session_calls", "subject_cells",
+           "timed_block", "timed_calls"]

@@ -157,50 +157,70 @@ def test_a_frozen_worker_dies_with_the_process_that_started_it() -> None:
         raise AssertionError(f"worker {worker} outlived its parent ({_state(worker)})")
 
 
-def test_point_latencies_report_the_median_of_block_medians_and_take_the_minimum_rounds(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rounds_visit_every_subject_take_the_minimum_and_keep_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlopt.compile import rounds as rounds_module
+    from rlopt.compile.rounds import Block, drive_rounds
 
     clock = FakeClock()
     monkeypatch.setattr(rounds_module, "time", clock)
-    monkeypatch.setattr(rounds_module, "warm_until_steady", lambda call, **_: 0)
-    spikes = iter([100.0, 100.0, 900.0] + [100.0] * 1000)  # estimate, untimed, then one slow timed call
-    calls = {"min": lambda: setattr(clock, "ns", clock.ns + int(next(spikes) * 1e3)),
-             "max": clock.costing(3000)}
-    stats = rounds_module.point_latencies(calls, budget_s=0.0, min_rounds=5)
-    assert set(stats) == {"min", "max"}
-    assert stats["min"].p50_us == 100.0 and stats["max"].p50_us == 3000.0
-    assert stats["min"].p99_us > 100.0, "the slow call is in the p99"
-    # a block is BURST_CALLS cheap calls, or one call where that many would take over CELL_BUDGET_S
-    assert stats["min"].iterations == 5 * rounds_module.BURST_CALLS and stats["max"].iterations == 5
+    visits: list[str] = []
+    slow = iter([[100.0, 900.0, 100.0]] + [[100.0, 100.0, 100.0]] * 100)  # one slow call: in p99, not in p50
+
+    def of(key: str, calls: object) -> object:
+        def blocks() -> dict[str, Block]:
+            visits.append(key)
+            clock.sleep(0.01)
+            walls = next(calls) if not isinstance(calls, list) else calls  # type: ignore[call-overload]
+            return {"opt": Block(float(sorted(walls)[len(walls) // 2]), 1.0, list(walls))}
+        return blocks
+
+    result = drive_rounds({"a": of("a", slow), "b": of("b", [3000.0])}, rounds=15, budget_s=0.0,  # type: ignore
+                          min_rounds=5)
+    assert result.done == 5 and sorted(visits) == ["a"] * 5 + ["b"] * 5, "the minimum rounds, spent budget or not"
+    assert visits[:2] != visits[2:4] or visits[4:6] != visits[6:8], "each round in shuffled order"
+    assert result.medians() == {"a": {"opt": 100.0}, "b": {"opt": 3000.0}}
+    assert result.p99()["a"]["opt"] > 100.0 and len(result.calls["a"]["opt"]) == 15
+    capped = drive_rounds({"a": of("a", [1.0])}, rounds=3, budget_s=100.0, min_rounds=1)  # type: ignore[dict-item]
+    assert capped.done == 3, "never more than `rounds`"
 
 
-def test_verify_latencies_are_timed_in_a_worker_of_their_own(tiny_compiled: Path) -> None:
-    from rlopt.compile.apart import apart_latencies
+def test_each_backend_is_timed_in_a_worker_of_its_own_for_the_manifest(tiny_compiled: Path) -> None:
+    from rlopt.compile.apart import apart_rounds
 
     record = read_manifest(tiny_compiled).networks["policy"]
-    artifact = record.artifacts["onnxruntime"]
-    assert artifact.path is not None and record.reference is not None
+    labels = {"min": "min", "opt": "opt", "max": "max"}
+    subjects = {b: (b, record.artifacts[b].facts.as_dict()) for b in ("onnxruntime", "torchscript")}
     with kept_workers():
-        stats = apart_latencies("onnxruntime", tiny_compiled / artifact.path, artifact.facts.as_dict(),
-                                tiny_compiled / record.reference.path, list(record.inputs), list(record.outputs),
-                                ["min", "opt", "max"], budget_s=0.05)
-        worker = _Workers.named["onnxruntime"]
-        assert worker.popen.pid != os.getpid() and _stopped(worker.popen.pid), "frozen between its requests"
-    assert set(stats) == {"min", "opt", "max"}
-    assert all(0 < s.p50_us <= s.p99_us < 1e6 and s.iterations >= 5 for s in stats.values())
-    assert _Workers.named == {} and not worker.alive(), "gone with the compile"
+        rounds = apart_rounds(tiny_compiled, record, subjects, labels, budget_s=0.0, rounds=15, min_rounds=5)
+        pids = [p.popen.pid for p in _Workers.processes]
+        assert len(set(pids)) == 2 and os.getpid() not in pids and all(_stopped(pid) for pid in pids)
+    assert rounds.done == 5
+    p50, p99 = rounds.medians(), rounds.p99()
+    assert set(p50) == set(subjects) and all(set(p50[b]) == set(labels) for b in subjects)
+    assert all(0 < p50[b][p] <= p99[b][p] < 1e6 and len(rounds.calls[b][p]) >= 5 for b in subjects for p in labels)
+    assert _Workers.processes == [], "gone with the compile"
 
 
-def test_a_latency_worker_that_cannot_open_the_artifact_says_why_in_one_line(tiny_compiled: Path,
-                                                                            tmp_path: Path) -> None:
-    from rlopt.compile.apart import apart_latencies
+def test_the_latency_stage_times_in_process_with_a_notice_when_a_worker_fails(
+        tiny_compiled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from rlopt.compile import latency
 
     record = read_manifest(tiny_compiled).networks["policy"]
-    assert record.reference is not None
-    (tmp_path / "model.onnx").write_bytes(b"not onnx")
-    with pytest.raises(RuntimeError) as raised:
-        apart_latencies("onnxruntime", tmp_path / "model.onnx", {}, tiny_compiled / record.reference.path,
-                        list(record.inputs), list(record.outputs), ["opt"], budget_s=0.05)
-    assert str(raised.value).startswith("timing onnxruntime in a fresh process failed: ")
-    assert "\n" not in str(raised.value)
+    ctx = SimpleNamespace(staging=tiny_compiled, reference=load_reference(tiny_compiled, record))
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("timing onnxruntime in a fresh process failed: it exited or did not answer")
+
+    monkeypatch.setattr(apart, "ENABLED", True)
+    monkeypatch.setattr(latency, "apart_rounds", fails)
+    out = latency.TimeBackends(record).run(ctx)  # type: ignore[arg-type]
+    assert out.facts["notice"].startswith("latency timed in the compiling process, not in a worker: timing onnx")
+    timed = latency.timed_backends(record)
+    assert set(out.facts["latency_us"]) == set(timed) and "onnxruntime" in timed
+    assert all(set(points) == set(ctx.reference.points) for points in out.facts["latency_us"].values())
+    copy = record.model_copy(deep=True)
+    latency.apply_latencies(copy, out)
+    assert "not in a worker" in (copy.artifacts["onnxruntime"].facts.notice or "")
+    assert copy.artifacts["onnxruntime"].latency_us["opt"].iterations >= latency.MIN_ROUNDS

@@ -70,7 +70,7 @@ def test_variants_are_gated_and_a_failed_trick_is_recorded_not_fatal(ctx: Contex
     assert failure is None and record.parity.passed and runner.closed
     assert record.facts.gate_passed("dynamic") and not record.facts.gate_passed("padded")
     assert set(record.facts.variant_parity) == {"dynamic", "padded"}, "the failed trick is recorded"
-    assert set(record.latency_us) == {"opt"}
+    assert record.latency_us == {}, "the `latency` stage times every verified backend, not verify"
 
 
 def test_a_failing_parity_variant_fails_the_backend(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
