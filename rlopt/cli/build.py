@@ -17,8 +17,8 @@ def compile_command(
     backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends (repeatable).")] = None,
     tune_trials: Annotated[Optional[int], typer.Option("--tune-trials", help="MetaSchedule trials (0 = untuned).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not use the stage cache.")] = False,
-    retime: Annotated[bool, typer.Option("--retime", help="Measure auto's routes again (a warm re-compile reuses "
-                                         "the cached ones).")] = False,
+    retime: Annotated[bool, typer.Option("--retime", help="Measure the latencies and auto's routes again (a "
+                                         "warm re-compile reuses the cached ones).")] = False,
     vecnormalize: Annotated[Optional[Path], typer.Option("--vecnormalize", help="SB3 agent: VecNormalize .pkl.")] = None,
     env: Annotated[Optional[str], typer.Option("--env", help="SB3 agent: gymnasium id for rollout checks.")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Then diff against this MODEL_DIR (the last "

@@ -16,6 +16,7 @@ from rlopt.backends import BACKENDS as BACKEND_REGISTRY, tool_versions
 from rlopt.compile.engine import Engine, Reporter, Silent
 from rlopt.stages.frontend import ModelSource
 from rlopt.compile.auto import ChooseAuto
+from rlopt.compile.latency import TimeBackends
 from rlopt.compile.network import compile_network
 from rlopt.compile.apart import kept_workers
 from rlopt.compile.route_passes import most_passes
@@ -68,15 +69,15 @@ def compile_recipe(recipe_path: Path | str, out_dir: Path | str | None = None, *
     `backends` replaces the recipe's list; `overrides` update backends' sections (e.g. {"tvm": {"tune_trials": 8}}).
 
     `cache` defaults to the stage cache under $RLOPT_CACHE; pass StageCache(enabled=False) to bypass it.
-    `source` makes the model (default: the one the recipe's `model` section names). `retime`: measure `auto`'s
-    routes again instead of reusing the cached ones (the new ones replace them in the cache).
+    `source` makes the model (default: the one the recipe's `model` section names). `retime`: measure the
+    latencies and `auto`'s routes again instead of reusing the cached ones (the new ones replace them in the cache).
     """
 
     started = time.perf_counter()
     most_passes()  # a malformed $RLOPT_ROUTE_PASSES is refused before any work
     cache = cache if cache is not None else StageCache()
     if retime:
-        cache.refresh = cache.refresh | {ChooseAuto.name}
+        cache.refresh = cache.refresh | {TimeBackends.name, ChooseAuto.name}
     recipe_path = Path(recipe_path)
     engine = Engine(reporter or Silent(), cache)
     recipe = resolve_options(load_recipe(recipe_path), backends, overrides, recipe_path)
