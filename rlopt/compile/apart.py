@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from rlopt.backends import BACKENDS
 from rlopt.compile.rounds import (BUDGET_S, ROUNDS, AloneSet, Block, RoundOf, Rounds, Subjects, block_counts,
                                   drive_rounds, one_round)
@@ -35,8 +34,9 @@ from rlopt.reference import Reference
 from rlopt.runtime.routes import Table
 
 TIMEOUT_S = 120.0
-ENABLED = True  # False: `auto` times every subject in the compiling process (the test suite, which never reads how
-#                 close a latency is to the truth: one interpreter per subject is most of a tiny compile's cost)
+# False: `auto` and the `latency` stage time every subject in the compiling process. The test suite sets it: it
+# never reads how close a latency is to the truth, and an interpreter per subject is most of a tiny compile's cost.
+ENABLED = True
 WORKER_CODE = "from rlopt.compile.apart import worker_main; worker_main()"
 
 
