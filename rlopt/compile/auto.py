@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from rlopt.backends import BACKENDS, facts_of, stage_versions, unavailable_reason
+from rlopt.backends import BACKENDS, facts_of, unavailable_reason
 from rlopt.backends.capability import TunedRoute
+from rlopt.compile.latency import artifact_key
 from rlopt.compile.route_passes import (CONTENDED, Measurement, Pass, Variants, aa_noise,
                                         on_calling_thread, pooled, route_facts, subject_key, until_stable)
 from rlopt.errors import BackendUnavailable, first_line
@@ -161,9 +162,9 @@ class ChooseAuto(Stage):
     artifact's identity and facts, the reference, this CPU (`machine_dependent`) and its usable cores."""
 
     name, cached, machine_dependent, facts_model = "auto", True, True, AutoStageFacts
-    helpers = ("rlopt.compile.route_passes", "rlopt.compile.rounds", "rlopt.compile.apart", "rlopt.runtime.routes",
-               "rlopt.backends", "rlopt.backends.base", "rlopt.backends.capability", "rlopt.machine", "rlopt.facts",
-               "rlopt.arrays", "rlopt.timing", "rlopt.onnx_session")
+    helpers = ("rlopt.compile.route_passes", "rlopt.compile.rounds", "rlopt.compile.apart", "rlopt.compile.latency",
+               "rlopt.runtime.routes", "rlopt.backends", "rlopt.backends.base", "rlopt.backends.capability",
+               "rlopt.machine", "rlopt.facts", "rlopt.arrays", "rlopt.timing", "rlopt.onnx_session")
 
     def __init__(self, record: NetworkRecord, identities: Mapping[str, Any] | None = None) -> None:
         self.record, self.identities = record, dict(identities or {})
@@ -173,17 +174,9 @@ class ChooseAuto(Stage):
         its file and companions), facts, verify's latency, runner code and library versions; the inputs, the
         reference, the runtime's code and the usable cores (this CPU joins as `machine_dependent`)."""
         verified = ranked_backends(self.record)
-
-        def identity(backend: str) -> Any:
-            known = self.identities.get(backend)
-            record = self.record.artifacts[backend]
-            return known if known is not None else [record.sha256, *(f.sha256 for f in record.facts.companion_files())]
-
-        artifacts = {b: {"identity": identity(b), "facts": self.record.artifacts[b].facts.as_dict(),
+        artifacts = {b: {**artifact_key(self.record, b, self.identities),
                          "latency_us": {p: v.model_dump(mode="json")
-                                        for p, v in self.record.artifacts[b].latency_us.items()},
-                         "runner_code": package_digest(BACKENDS[b].runner.split(":")[0]),
-                         "versions": stage_versions(b)} for b in verified}
+                                        for p, v in self.record.artifacts[b].latency_us.items()}} for b in verified}
         return {"artifacts": artifacts, "order": verified, "inputs": {n: p.model_dump(mode="json")
                                                                       for n, p in self.record.inputs.items()},
                 "reference": self.record.reference.sha256 if self.record.reference else None,

@@ -11,6 +11,7 @@ worker that runs alone keeps its caches warm, while the bench's and a caller's c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rlopt.backends import BACKENDS, stage_versions, unavailable_reason
@@ -32,6 +33,16 @@ def timed_backends(record: NetworkRecord) -> list[str]:
             if artifact.verified and artifact.path is not None and unavailable_reason(b, artifact.facts) is None]
 
 
+def artifact_key(record: NetworkRecord, backend: str, identities: Mapping[str, Any]) -> dict[str, Any]:
+    """What a measurement of `backend`'s artifact depends on, for a stage's cache key: its identity (its build's
+    `artifact_identity`, else the sha256 of its file and companions), facts, runner code and library versions."""
+    artifact = record.artifacts[backend]
+    known = identities.get(backend)
+    identity = known if known is not None else [artifact.sha256, *(f.sha256 for f in artifact.facts.companion_files())]
+    return {"identity": identity, "facts": artifact.facts.as_dict(),
+            "runner_code": package_digest(BACKENDS[backend].runner.split(":")[0]), "versions": stage_versions(backend)}
+
+
 class TimeBackends(Stage):
     """Each verified backend's p50 / p99 at each named shape (`latency_us`). Cached: the key holds every timed
     artifact's identity and facts, the reference, the runtime's code, this CPU (`machine_dependent`) and its usable
@@ -46,15 +57,7 @@ class TimeBackends(Stage):
         self.record, self.identities = record, dict(identities or {})
 
     def config(self, ctx: Context) -> Any:
-        def identity(backend: str) -> Any:
-            known = self.identities.get(backend)
-            artifact = self.record.artifacts[backend]
-            return known if known is not None else [artifact.sha256, *(f.sha256 for f in artifact.facts.companion_files())]
-
-        backends = timed_backends(self.record)
-        return {"artifacts": {b: {"identity": identity(b), "facts": self.record.artifacts[b].facts.as_dict(),
-                                  "runner_code": package_digest(BACKENDS[b].runner.split(":")[0]),
-                                  "versions": stage_versions(b)} for b in backends},
+        return {"artifacts": {b: artifact_key(self.record, b, self.identities) for b in timed_backends(self.record)},
                 "inputs": {n: p.model_dump(mode="json") for n, p in self.record.inputs.items()},
                 "reference": self.record.reference.sha256 if self.record.reference else None,
                 "budget_s": TIMING_BUDGET_S, "cores": usable_cores(),
@@ -102,4 +105,5 @@ def apply_latencies(record: NetworkRecord, out: StageOutput) -> None:
             artifact.facts = artifact.facts.updated(notice="; ".join(filter(None, [artifact.facts.notice, notice])))
 
 
-__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "TIMING_BUDGET_S", "TimeBackends", "apply_latencies", "timed_backends"]
+__all__ = ["MAX_ROUNDS", "MIN_ROUNDS", "TIMING_BUDGET_S", "TimeBackends", "apply_latencies", "artifact_key",
+           "timed_backends"]

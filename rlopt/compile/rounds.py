@@ -249,11 +249,11 @@ def alone_rounds(staging: Path, record: NetworkRecord, reference: Reference, sub
     try:
         rng = random.Random(0)
 
-        def round_of(key: str, cells: Cells, counts: dict[tuple[str, str], int]) -> RoundOf:
+        def round_of(cells: Cells) -> RoundOf:
+            counts = block_counts(cells)
             return lambda: {label: block for (_, label), block in one_round(cells, counts, rng).items()}
 
-        timed = {k: round_of(k, opened.configurations[f"alone {k}"],
-                             block_counts(opened.configurations[f"alone {k}"])) for k in subjects}
+        timed = {k: round_of(opened.configurations[f"alone {k}"]) for k in subjects}
         return drive_rounds(timed, rounds, budget_s, min_rounds)
     finally:
         opened.close()
