@@ -120,7 +120,12 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     figure of the two beats the holder's faster one by the margin (one lucky timing must not move a shape), and,
     where both have a one-thread CPU figure, by the margin in CPU time too (a pool timed beside a busy core reads
     slower; a one-thread challenger must not win a shape by that alone). OTHER (the shapes without a point of their
-    own) is decided like a named point. The mix is kept when it is at least GAIN faster at one point, else (and
+    own) is decided like a named point. A backend with a pool of its own may hold the route instead (its companions
+    taking their shapes as before) where, over the shapes the two routes serve differently, the worst shape of the
+    route it holds (latency over the fastest figure any candidate has there) is clearly better: a pool that beats the
+    holder's at an MLP's 256 rows and loses at batch 1, where a one-thread configuration joins it. A tuned backend
+    (`pools` names its pool shapes) joins as a companion only where its chosen configuration computes on the calling
+    thread. The mix is kept when it is at least GAIN faster at one point, else (and
     whenever the mix could not be measured) every shape goes to the holder.
     """
     margin = {p: max(NOISE, (margins or {}).get(p, NOISE)) for p in points}
@@ -136,8 +141,11 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     def figures(name: str, point: str) -> list[float]:
         return [t[name][point] for t in (alone, together) if point in t.get(name, {})]
 
+    def joins(name: str, point: str) -> bool:  # a companion there: computes on the calling thread alone
+        return companions is None or name in companions or (name in pools and point not in pools[name])
+
     def takes(name: str, point: str, holder: str) -> bool:
-        if companions is not None and name not in companions:
+        if not joins(name, point):
             return False
         if not clearly_faster(max(figures(name, point)), min(figures(holder, point)), margin[point]):
             return False
@@ -145,19 +153,48 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         theirs = cpu.get(holder, {}).get(point)
         return mine is None or theirs is None or clearly_faster(mine, theirs, margin[point])
 
+    def route_of(best: str) -> dict[str, str]:
+        mix = {}
+        for point in points:
+            serving = [b for b in order if point in together.get(b, {})]
+            if best and point in alone.get(best, {}):
+                holder = best
+            elif serving:
+                holder = min(serving, key=lambda b: (max(figures(b, point)), order.index(b)))
+            else:
+                continue
+            challengers = [b for b in serving if b != holder and takes(b, point, holder)]
+            mix[point] = min(challengers, key=lambda b: (max(figures(b, point)), order.index(b))) if challengers \
+                else holder
+        return mix
+
+    def cost(mix: dict[str, str], holder: str, point: str) -> float:  # as the GAIN rule charges it
+        name = mix[point]
+        return min(figures(name, point)) if name == holder else max(figures(name, point))
+
+    def worst(mix: dict[str, str], holder: str, over: list[str]) -> float:
+        """The route's worst shape among `over`: its latency over the fastest figure any candidate has there."""
+        return max(cost(mix, holder, p) / min(min(figures(b, p)) for b in alone if figures(b, p)) for p in over)
+
     best = _holder(alone, singles, points, preferred, overall, cpu, pools) if singles else ""
-    mix = {}
-    for point in points:
-        serving = [b for b in order if point in together.get(b, {})]
-        if best and point in alone.get(best, {}):
-            holder = best
-        elif serving:
-            holder = min(serving, key=lambda b: (max(figures(b, point)), order.index(b)))
-        else:
-            continue
-        challengers = [b for b in serving if b != holder and takes(b, point, holder)]
-        mix[point] = min(challengers, key=lambda b: (max(figures(b, point)), order.index(b))) if challengers \
-            else holder
+    mix = route_of(best)
+    switched = ""
+    if best and companions is not None and len(mix) == len(points):
+        # A backend with a pool of its own can hold the route instead (one pool per route still); it does where,
+        # over the shapes the two routes serve differently, the worst shape of the route it holds is clearly better.
+        verdicts = {}
+        for other in (h for h in singles if h != best and h not in companions):
+            theirs = route_of(other)
+            apart = [p for p in points if p in theirs and theirs[p] != mix.get(p)]
+            if len(theirs) == len(points) and apart:
+                verdicts[other] = (worst(theirs, other, apart), worst(mix, best, apart), theirs)
+        if verdicts:
+            holder = min(verdicts, key=lambda h: (verdicts[h][0] / verdicts[h][1], order.index(h)))
+            new, old, theirs = verdicts[holder]
+            if clearly_faster(new, old, overall):
+                switched = (f"{holder} holds (where the routes differ, its worst shape is {new:.2f}x the fastest "
+                            f"there, {best}'s {old:.2f}x); ")
+                best, mix = holder, theirs
     if not singles:
         missing = [p for p in points if p not in mix]
         if missing:
@@ -165,8 +202,8 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         return RouteChoice(mix, len(set(mix.values())) > 1, "mixed: no single backend serves every shape",
                            mix[points[0]])
     if len(mix) < len(points) or set(mix.values()) == {best}:
-        return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: no other backend clearly faster at "
-                           f"any shape", best)
+        return RouteChoice(dict.fromkeys(points, best), False, f"{switched}{best} alone: no other backend clearly "
+                           f"faster at any shape", best)
     if len(set(mix.values())) == 1:
         only = next(iter(mix.values()))
         return RouteChoice(dict.fromkeys(points, only), False, f"{only} alone: clearly faster than {best} at every "
@@ -175,9 +212,9 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     ratios = {p: 1.0 if mix[p] == best else max(figures(mix[p], p)) / min(figures(best, p)) for p in points}
     table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
     if min(ratios.values()) <= 1 - GAIN:
-        return RouteChoice(mix, True, f"mixed kept, vs {best} alone: {table}", best, ratios)
-    return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: the mix was under {GAIN:.0%} faster "
-                       f"anywhere ({table})", best, ratios)
+        return RouteChoice(mix, True, f"{switched}mixed kept, vs {best} alone: {table}", best, ratios)
+    return RouteChoice(dict.fromkeys(points, best), False, f"{switched}{best} alone: the mix was under {GAIN:.0%} "
+                       f"faster anywhere ({table})", best, ratios)
 
 
 @dataclass(frozen=True)

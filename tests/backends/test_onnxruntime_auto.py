@@ -55,6 +55,10 @@ def test_a_long_call_keeps_the_pool_unless_one_thread_is_clearly_faster() -> Non
                               {label: 0.1 for label in labels}, cpu).options(labels)  # type: ignore[union-attr]
                for pool, one in [(quiet_pool, quiet_one), (busy_pool, busy_one)]]
     assert options[0] == options[1] == {"shape_threads": {"1x1x768": 1}}
+    tuned = THREADS.choose({"": dict(zip(labels, quiet_pool)), ONE_THREAD: dict(zip(labels, quiet_one))}, None, SMALL,
+                           {label: 0.1 for label in labels}, cpu)
+    assert tuned is not None and tuned.options(["1x1x768"]) == {"intra_op_threads": 1}, \
+        "routed only its one-thread shape (another backend's pool holds the rest): no pool of its own"
     assert POOL_WORTH_US == 100.0
 
 

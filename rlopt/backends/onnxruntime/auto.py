@@ -70,16 +70,17 @@ class OnnxRuntimeThreads:
             one_worst, pool_worst = _worst_ratio(one, pool)[0], _worst_ratio(pool, one)[0]
             default = one_worst > 1 + NOISE and one_worst > pool_worst * (1 + NOISE)
             pooled = dict.fromkeys(labels, default)
-        shape_threads = {label: 0 if p else 1 for label, p in pooled.items() if p != default and label != OTHER}
-
         def per_label(table: Table) -> dict[str, float]:
             return {label: table[POOL if pooled.get(label, default) else ONE_THREAD][label]
                     for label in table[POOL] if label in table[ONE_THREAD]}
 
         def options(routed: Collection[str]) -> dict[str, Any]:
-            chosen: dict[str, Any] = {} if default else {"intra_op_threads": 1}
-            own = {label: threads for label, threads in shape_threads.items() if label in routed}
-            return {**chosen, **({"shape_threads": own} if own else {})}
+            """The configuration of the shapes routed here (the session's default unless none of them takes it: a
+            route that gives ONNX Runtime only its one-thread shapes opens no pool)."""
+            served = [label for label in routed if label in pooled]
+            base = default if not served or any(pooled[label] == default for label in served) else not default
+            own = {label: 0 if pooled[label] else 1 for label in served if pooled[label] != base and label != OTHER}
+            return {**({} if base else {"intra_op_threads": 1}), **({"shape_threads": own} if own else {})}
 
         both = together is not None and ONE_THREAD in together and POOL in together
         chosen = ", ".join(f"{label} {'pool' if pooled[label] else '1 thread'} "
