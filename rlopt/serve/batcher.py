@@ -9,7 +9,9 @@ past the first request's `max_wait_us`: a lone caller is never kept waiting for 
 A request past its `timeout_us` is failed with `RequestTimeout` and not run.
 
 `workers` threads take batches (default: one per usable core, as many runs as a Session shared by many threads
-would have in flight): while all are busy, requests queue and the next free worker runs them as one batch.
+would have in flight): while all are busy, requests queue and the next free worker runs them as one batch. One
+stacked batch runs at a time (its run has the route's threads); a bucket not worth stacking (`PaddingPlan.
+worth_stacking`: one-row requests on a fast one-row route) runs its requests one by one, on every worker.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class Scheduler:
     max_wait_s: float
     row_limit: int
     stackable: bool = True
+    worth: Callable[[Dims, int], bool] = lambda dims, rows: True  # stacking `rows` of a bucket beats one by one
     pending: list[tuple[tuple[int, int], Request]] = field(default_factory=list)
     expected: dict[Dims, float] = field(default_factory=dict)
     _counter: itertools.count = field(default_factory=itertools.count)
@@ -96,12 +99,22 @@ class Scheduler:
             heapq.heapify(self.pending)
         return late
 
-    def take(self, now: float, draining: bool = False) -> list[Request] | float | None:
-        """A batch to run now; else the time to look again (a wait deadline), or None when nothing waits."""
+    def cap(self, dims: Dims) -> int:
+        """The most rows one run of this bucket stacks: 1 where stacking is not worth it."""
+        cap = min(self.max_batch, self.row_limit) if self.stackable else 1
+        return cap if cap > 1 and self.worth(dims, cap) else 1
+
+    def take(self, now: float, draining: bool = False, stacking: bool = False) -> list[Request] | float | None:
+        """A batch to run now; else the time to look again (a wait deadline), or None when nothing waits but a
+        wake-up. `stacking`: a stacked batch is running; a bucket worth stacking then gathers for the next full
+        batch instead of running a second, smaller one that would share the cores with it."""
         if not self.pending:
             return None
         head = self.pending[0][1]
-        cap = min(self.max_batch, self.row_limit) if self.stackable else 1
+        cap = self.cap(head.dims)
+        deadlines = [r.deadline for _, r in self.pending if r.deadline is not None]
+        if cap > 1 and stacking and not draining:
+            return min(deadlines, default=None)
         chosen, rows = [], 0
         for _, request in sorted(self.pending, key=lambda entry: entry[0]):
             if request.dims != head.dims:
@@ -113,7 +126,6 @@ class Scheduler:
                 break
         wait_until = head.arrived + self.max_wait_s
         target = min(cap, max(1, round(self.expected.get(head.dims, 1.0))))
-        deadlines = [r.deadline for _, r in self.pending if r.deadline is not None]
         if rows < target and now < wait_until and not draining:
             return min([wait_until, *deadlines])
         taken = set(map(id, chosen))
@@ -146,7 +158,9 @@ class Batcher:
         self._bounds = index_bounds(session.inputs)
         limits = [p.max[0] for p in session.inputs.values() if p.max]
         stackable = len(limits) == len(self._names)  # every input has a dim 0 to stack along
-        self.scheduler = Scheduler(self.max_batch, self.max_wait_us * 1e-6, min(limits, default=1), stackable)
+        self.scheduler = Scheduler(self.max_batch, self.max_wait_us * 1e-6, min(limits, default=1), stackable,
+                                   self.padding.worth_stacking)
+        self._stacking = 0  # stacked batches running
         self._on_batch = on_batch
         self._clock = time.monotonic
         self._cond = threading.Condition()
@@ -210,10 +224,12 @@ class Batcher:
                     late = self.scheduler.expire(now)
                     if late:
                         break
-                    batch = self.scheduler.take(now, draining=self._closed)
+                    batch = self.scheduler.take(now, draining=self._closed, stacking=self._stacking > 0)
                     if isinstance(batch, list):
+                        stacked = self.scheduler.cap(batch[0].dims) > 1
+                        self._stacking += stacked
                         break
-                    if batch is None and self._closed:
+                    if batch is None and self._closed and not self.scheduler.pending:
                         return
                     self._cond.wait(None if batch is None else max(0.0, batch - now))
             if late:
@@ -222,7 +238,13 @@ class Batcher:
                         f"the request waited {(now - request.arrived) * 1e6:.0f} us, past its timeout of "
                         f"{((request.deadline or now) - request.arrived) * 1e6:.0f} us; it was not run"))
                 continue
-            self._run(batch, now)
+            try:
+                self._run(batch, now)
+            finally:
+                if stacked:
+                    with self._cond:
+                        self._stacking -= 1
+                        self._cond.notify_all()
 
     def _run(self, batch: list[Request], now: float) -> None:
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]

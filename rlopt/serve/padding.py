@@ -5,7 +5,8 @@ A batch of `rows` stacked requests whose shape the profile does not name runs on
 on the backend `auto` routes it to, and timed the other-shape path at opt (`unbucketed_p50`). The estimate for
 `rows` interpolates the named latencies of the same other dims linearly in rows and scales them by how much slower
 the other-shape path was at opt; padding up to the next named shape is chosen only when that shape's recorded
-latency is below the estimate.
+latency is below the estimate. A bucket is stacked at all only where that is faster than running its requests one
+by one (`worth_stacking`).
 """
 
 from __future__ import annotations
@@ -23,24 +24,37 @@ Dims = tuple[tuple[int, ...], ...]  # per input, the dims after dim 0: what a bu
 
 @dataclass(frozen=True)
 class PaddingPlan:
-    """Per bucket (other dims): the named rows with their recorded p50 (us), and the other-shape path's factor."""
+    """Per bucket (other dims): the named rows with their recorded p50 (us) on the backend each is routed to, the
+    same rows on the backend that serves every other shape (`other`), and the other-shape path's factor."""
 
     named: dict[Dims, list[tuple[int, float]]] = field(default_factory=dict)
     other_factor: float = 1.0
+    other: dict[Dims, list[tuple[int, float]]] = field(default_factory=dict)
 
     def estimate_us(self, dims: Dims, rows: int) -> float | None:
-        """The recorded latency at a named `rows`; else the interpolated one times the other-shape factor."""
+        """The recorded latency at a named `rows`; else one interpolated from the latencies of the backend that
+        serves the shapes without a name (the named route's where it has none there) times the other-shape factor."""
         points = self.named.get(dims)
         if not points:
             return None
         for named_rows, p50 in points:
             if named_rows == rows:
                 return p50
+        points = self.other.get(dims) or points
         xs = [r for r, _ in points]
         ys = [p for _, p in points]
-        if rows > xs[-1]:
-            return ys[-1] * rows / xs[-1] * self.other_factor
+        if rows > xs[-1] or rows < xs[0]:  # outside the named rows: the nearest one's cost per row
+            near = -1 if rows > xs[-1] else 0
+            return ys[near] * rows / xs[near] * self.other_factor
         return float(np.interp(rows, xs, ys)) * self.other_factor
+
+    def worth_stacking(self, dims: Dims, rows: int) -> bool:
+        """Whether `rows` one-row requests run faster stacked (padded where that pays) than one by one: a batch
+        the profile does not name runs on the other-shape path, which can cost more than the named one-row route
+        (the default policy: 4 rows on ONNX Runtime's dynamic shapes against 4 x TVM's 12 us)."""
+        single = self.estimate_us(dims, 1)
+        stacked = self.estimate_us(dims, self.target_rows(dims, rows))
+        return single is None or stacked is None or rows < 2 or stacked < rows * single
 
     def target_rows(self, dims: Dims, rows: int) -> int:
         """The rows to run `rows` stacked rows as: the smallest named rows above when recorded faster, else `rows`."""
@@ -59,6 +73,9 @@ def padding_plan(record: NetworkRecord | None, routes: dict[str, str]) -> Paddin
         return PaddingPlan()
     names = list(record.inputs)
     named: dict[Dims, dict[int, float]] = {}
+    on_fallback: dict[Dims, dict[int, float]] = {}
+    fallback_backend = routes.get(OTHER, "")
+    fallback = record.artifacts.get(fallback_backend)
     for point in ("min", "opt", "max"):
         shapes = [tuple(getattr(record.inputs[n], point)) for n in names]
         if any(len(s) == 0 for s in shapes) or len({s[0] for s in shapes}) != 1:
@@ -70,14 +87,16 @@ def padding_plan(record: NetworkRecord | None, routes: dict[str, str]) -> Paddin
             continue
         dims = tuple(s[1:] for s in shapes)
         named.setdefault(dims, {})[shapes[0][0]] = latency.p50
-    fallback_backend = routes.get(OTHER, "")
-    fallback = record.artifacts.get(fallback_backend)
+        on_other = fallback.latency_us.get(point) if fallback is not None else None
+        if on_other is not None:
+            on_fallback.setdefault(dims, {})[shapes[0][0]] = on_other.p50
     factor = 1.0
     if fallback is not None and fallback.latency_us.get("opt") is not None:
         other = unbucketed_p50(fallback_backend, fallback)
         tuned = fallback.latency_us["opt"].p50
         factor = max(1.0, other / tuned) if np.isfinite(other) and tuned > 0 else 1.0
-    return PaddingPlan({dims: sorted(points.items()) for dims, points in named.items()}, factor)
+    return PaddingPlan({dims: sorted(points.items()) for dims, points in named.items()}, factor,
+                       {dims: sorted(points.items()) for dims, points in on_fallback.items()})
 
 
 def plan_for(session: Any) -> PaddingPlan:
