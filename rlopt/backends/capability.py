@@ -118,7 +118,8 @@ class Backend:
       on it unless another backend is clearly faster there (ONNX Runtime: the peer users compare against, whose pool
       degrades to one thread's speed on a busy core instead of stalling); `bench_peer`: the project's bench
       (scripts/bench.py) judges `auto` against it too, as a peer users would pick instead (its best with ONNX
-      Runtime's sessions).
+      Runtime's sessions), and `auto` lets it hold a route in place of the `holds_ties` backend where clearly
+      better (`choose_route`'s rivals).
     - `upgrade_v1_facts(network facts)`: its own keys of a schema 1 manifest's network facts, moved into the current
       layout (removed from the dict, returned as `RoutePlan.options` of this backend).
     """

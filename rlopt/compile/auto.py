@@ -143,8 +143,9 @@ class Question:
         preferred = [b for b in self.contenders if BACKENDS[b].holds_ties]
         companions = {b for b in self.contenders
                       if on_calling_thread(b, route_facts(self.record, b))}
+        rivals = [b for b in self.contenders if BACKENDS[b].bench_peer]  # a peer users would pick may hold it
         choice = choose_route(alone, together if not self.why else None, list(self.labels), self.contenders,
-                              self.why, margins, preferred, cpu, pools, companions)
+                              self.why, margins, preferred, cpu, pools, companions, rivals)
         routes = {label: choice.per_point[label] for label in self.named}
         routes[OTHER] = choice.per_point.get(OTHER, choice.per_point[self.at_opt])
         options = ChooseAuto.options(routes, tuned)

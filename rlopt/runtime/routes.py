@@ -101,7 +101,7 @@ def _holder(alone: Table, singles: list[str], points: list[str], preferred: Sequ
 def choose_route(alone: Table, together: Table | None, points: list[str], order: list[str],
                  unmeasured: str = "", margins: Mapping[str, float] | None = None, preferred: Sequence[str] = (),
                  cpu: Table | None = None, pools: Mapping[str, Collection[str]] | None = None,
-                 companions: Collection[str] | None = None) -> RouteChoice:
+                 companions: Collection[str] | None = None, rivals: Collection[str] | None = None) -> RouteChoice:
     """The route `auto` runs, from latencies measured in the configurations a session can run.
 
     `alone[b]`: every point on backend b alone (its pools as when alone: ONNX Runtime spinning); `together[b]`: b's
@@ -120,13 +120,13 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     figure of the two beats the holder's faster one by the margin (one lucky timing must not move a shape), and,
     where both have a one-thread CPU figure, by the margin in CPU time too (a pool timed beside a busy core reads
     slower; a one-thread challenger must not win a shape by that alone). OTHER (the shapes without a point of their
-    own) is decided like a named point. A backend with a pool of its own may hold the route instead (its companions
-    taking their shapes as before) where, over the shapes the two routes serve differently, the worst shape of the
-    route it holds (latency over the fastest figure any candidate has there) is clearly better: a pool that beats the
-    holder's at an MLP's 256 rows and loses at batch 1, where a one-thread configuration joins it. A tuned backend
-    (`pools` names its pool shapes) joins as a companion only where its chosen configuration computes on the calling
-    thread. The mix is kept when it is at least GAIN faster at one point, else (and
-    whenever the mix could not be measured) every shape goes to the holder.
+    own) is decided like a named point. A backend of `rivals` (None: any) with a pool of its own may hold the
+    route instead, its companions taking their shapes as before, where over the shapes the two routes serve
+    differently the worst shape of the route it holds (latency over the fastest figure any candidate has there) is
+    clearly better: a pool that beats the holder's at an MLP's 256 rows and loses at batch 1, where a one-thread
+    configuration joins it. A tuned backend (`pools` names its pool shapes) joins as a companion only where its
+    chosen configuration computes on the calling thread. The mix is kept when it is at least GAIN faster at one
+    point, else (and whenever the mix could not be measured) every shape goes to the holder.
     """
     margin = {p: max(NOISE, (margins or {}).get(p, NOISE)) for p in points}
     overall = max(NOISE, float(np.median(list(margin.values())))) if margin else NOISE
@@ -183,7 +183,7 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         # A backend with a pool of its own can hold the route instead (one pool per route still); it does where,
         # over the shapes the two routes serve differently, the worst shape of the route it holds is clearly better.
         verdicts = {}
-        for other in (h for h in singles if h != best and h not in companions):
+        for other in (h for h in singles if h != best and h not in companions and (rivals is None or h in rivals)):
             theirs = route_of(other)
             apart = [p for p in points if p in theirs and theirs[p] != mix.get(p)]
             if len(theirs) == len(points) and apart:

@@ -42,6 +42,9 @@ def test_only_a_companion_joins_the_holder() -> None:
     whole = choose_route(alone, together, SHAPES, ["onnxruntime", "torchscript"], preferred=["onnxruntime"],
                          companions={"tvm"})
     assert set(whole.per_point.values()) == {"torchscript"} and not whole.mixed, "worst shape 1.33x against 2.5x"
+    held = choose_route(alone, together, SHAPES, ["onnxruntime", "torchscript"], preferred=["onnxruntime"],
+                        companions={"tvm"}, rivals=["openvino"])
+    assert set(held.per_point.values()) == {"onnxruntime"}, "only a rival may hold instead"
     slow = {**alone, "torchscript": {**alone["torchscript"], "64x17": 150.0}}
     kept = choose_route(slow, {**together, "torchscript": slow["torchscript"]}, SHAPES,
                         ["onnxruntime", "torchscript"], preferred=["onnxruntime"], companions={"tvm"})
