@@ -74,11 +74,13 @@ class AutoTuning(Protocol):
         ...
 
     def choose(self, alone: Table, together: Table | None, artifact_bytes: int,
-               margins: Mapping[str, float] | None = None, cpu: Table | None = None) -> TunedRoute | None:
+               margins: Mapping[str, float] | None = None, cpu: Table | None = None,
+               contended: bool = False) -> TunedRoute | None:
         """Per shape label, one configuration: `alone` / `together` map each configuration ('' for the artifact's
         own, else a `variants` name) to its latency per label; `margins[label]`: how much faster a configuration
         must be to count as faster (the measurement's noise); `cpu`: the CPU time per call of the configurations
-        that compute on the calling thread alone; None: keep the artifact's own everywhere."""
+        that compute on the calling thread alone; `contended`: other processes held a core while it was measured;
+        None: keep the artifact's own everywhere."""
         ...
 
 
@@ -158,13 +160,16 @@ class Backend:
 
     def route_update(self, facts: Any) -> dict[str, Any]:
         """The facts update an `auto` route opens it with whatever else the route decides: its `one_thread`
-        configuration where its pool stalls (only the keys that change), else none."""
+        configuration where its pool stalls (the keys it sets: those that change, and those off their default, so
+        that the route reads the same whatever thread count the build measured), else none."""
         if not self.pool_stalls or self.one_thread is None:
             return {}
         current = facts.as_dict() if isinstance(facts, ArtifactFacts) else dict(facts)
         single = self.one_thread(facts)
         changed = single.as_dict() if isinstance(single, ArtifactFacts) else dict(single)
-        return {key: value for key, value in changed.items() if current.get(key) != value}
+        blank = self.facts.model_construct()  # every field at its default: what `one_thread` sets shows as a change
+        sets = {key for key, value in self.one_thread(blank).as_dict().items() if blank.as_dict().get(key) != value}
+        return {key: value for key, value in changed.items() if current.get(key) != value or key in sets}
 
 
 __all__ = ["AutoTuning", "Backend", "Table", "TritonModel", "TunedRoute", "clearly_faster", "load_path"]

@@ -82,10 +82,11 @@ def one_thread_subjects(record: NetworkRecord, contenders: list[str], variants: 
 
 
 def tune_backends(record: NetworkRecord, variants: Variants, alone: Table, together: Table | None,
-                  margins: Mapping[str, float] | None = None,
-                  cpu: Table | None = None) -> tuple[dict[str, TunedRoute], Table, Table | None]:
-    """Each backend with configurations of its own picks one per shape (`AutoTuning.choose`); the tables with its
-    row as picked, for `choose_route` (its other configurations' rows stay, as measured)."""
+                  margins: Mapping[str, float] | None = None, cpu: Table | None = None,
+                  loaded: bool = False) -> tuple[dict[str, TunedRoute], Table, Table | None]:
+    """Each backend with configurations of its own picks one per shape (`AutoTuning.choose`; `loaded`: other
+    processes held a core through the measurement); the tables with its row as picked, for `choose_route` (its
+    other configurations' rows stay, as measured)."""
     tuned: dict[str, TunedRoute] = {}
     ranked_alone, ranked_together = dict(alone), dict(together) if together else together
     for backend, names in variants.items():
@@ -94,8 +95,8 @@ def tune_backends(record: NetworkRecord, variants: Variants, alone: Table, toget
         rows_alone = {name: alone[key] for name, key in keys.items() if key in alone}
         rows_together = {name: together[key] for name, key in keys.items() if key in together} if together else None
         rows_cpu = {name: (cpu or {})[key] for name, key in keys.items() if key in (cpu or {})}
-        choice = tuning.choose(rows_alone, rows_together, record.artifacts[backend].bytes or 0, margins, rows_cpu) \
-            if tuning else None
+        choice = tuning.choose(rows_alone, rows_together, record.artifacts[backend].bytes or 0, margins, rows_cpu,
+                               loaded) if tuning else None
         if choice is None:
             continue
         tuned[backend] = choice
@@ -136,7 +137,7 @@ class Question:
         single = one_thread_subjects(self.record, self.contenders, variants)
         one_thread_cpu = {key: measured.cpu[key] for keys in single.values() for key in keys if key in measured.cpu}
         tuned, alone, together = tune_backends(self.record, variants, measured.alone, measured.together or None,
-                                               margins, one_thread_cpu)
+                                               margins, one_thread_cpu, contended(measured.load))
         cpu = {backend: measured.cpu[keys[0]] for backend, keys in single.items() if keys[0] in measured.cpu}
         pools = {backend: [label for label, name in tuned[backend].configurations.items()
                            if subject_key(backend, name) not in single.get(backend, [])] for backend in tuned}

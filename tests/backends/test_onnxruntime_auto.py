@@ -87,3 +87,19 @@ def test_a_version_1_route_reads_as_options() -> None:
     assert upgrade_v1_facts({"auto_routes": {"1x17": "onnxruntime", "other": "onnxruntime"}}) == {}
     assert upgrade_v1_facts({"auto_routes": {"1x17": "tvm", "other": "onnxruntime"}}) == {"allow_spinning": False}, \
         "unrecorded spinning: off where the route mixed backends, as rlopt 0.5 loaded it"
+
+
+def test_a_long_call_measured_beside_a_busy_core_keeps_the_pool() -> None:
+    """The default value head compiled beside a busy core: its pool read 1.27x slower than one thread at 4x8x768
+    (176.5 against 138.8 us), and 1.57x faster on the quiet machine minutes later. Under load the figures do not
+    say how the pool runs on a quiet one: a long call keeps the pool; a short one is decided as ever."""
+    labels = ["1x1x768", "4x8x768", "8x16x768", "other"]
+    pool, one = [36.76, 176.53, 627.27, 173.56], [24.74, 138.78, 508.39, 134.68]
+    tables = {"": dict(zip(labels, pool)), ONE_THREAD: dict(zip(labels, one))}
+    cpu = {ONE_THREAD: dict(zip(labels, [25.55, 139.59, 509.78, 135.49]))}
+    quiet = THREADS.choose(tables, None, SMALL, None, cpu)
+    busy = THREADS.choose(tables, None, SMALL, None, cpu, contended=True)
+    assert quiet is not None and busy is not None
+    assert quiet.options(labels[1:]) == {"intra_op_threads": 1}, "taken at face value: one thread"
+    assert busy.options(labels[1:]) == {}, "contended: the pool wherever one thread's call is 100 us or more"
+    assert busy.configurations["1x1x768"] == ONE_THREAD, "a 25 us call: one thread, as when quiet"

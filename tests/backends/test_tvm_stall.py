@@ -85,6 +85,8 @@ def test_a_pool_sized_to_one_thread_runs_the_calling_threads_parallel_loops_inli
     facts = BACKENDS["tvm"].one_thread({"num_threads": 2})
     assert facts.num_threads == 1 and facts.calling_thread_only
     assert BACKENDS["tvm"].route_update({"num_threads": 2}) == {"num_threads": 1, "calling_thread_only": True}
+    assert BACKENDS["tvm"].route_update({"num_threads": 1, "tuned": True}) == \
+        {"num_threads": 1, "calling_thread_only": True}, "the same route whatever thread count the build measured"
     assert BACKENDS["tvm"].threads(facts) == 1
     seen: list[Any] = []
 

@@ -36,12 +36,15 @@ class OnnxRuntimeThreads:
         return {ONE_THREAD: {"intra_op_threads": 1}} if cores > 1 and facts.intra_op_threads != 1 else {}
 
     def choose(self, alone: Table, together: Table | None, artifact_bytes: int,
-               margins: Mapping[str, float] | None = None, cpu: Table | None = None) -> TunedRoute | None:
+               margins: Mapping[str, float] | None = None, cpu: Table | None = None,
+               contended: bool = False) -> TunedRoute | None:
         """Per shape label, the configuration that is clearly faster (by `margins[label]`, at least NOISE); within
         the margin, the pool where one thread's call is long enough for a pool to gain (POOL_WORTH_US of CPU time per
         call, `cpu[ONE_THREAD]`, else its wall time), one thread below. A pool timed while other processes hold a
         core reads about one thread's speed, while on a quiet machine it was 1.37x / 1.58x faster at the default
         policy's opt and max (145 / 475 us on one thread): a busy build machine must not send those to one thread.
+        Measured while other processes held a core (`contended`), a long call keeps the pool whatever the figures:
+        the default value head's pool read 1.27x slower than one thread beside a busy core, 1.57x faster quiet.
         Below ~100 us (the 64- and 256-row MLPs) the pool's gain was within +-15% and changed sign within minutes,
         and one thread is the cheaper bet. The session's own configuration is the one at OTHER (the shapes without
         a point of their own), else the one most labels take (the pool on a tie), and the labels that differ get a
@@ -60,7 +63,7 @@ class OnnxRuntimeThreads:
         def pool_at(label: str) -> bool:
             margin = max(NOISE, (margins or {}).get(label, NOISE))
             if work.get(label, one[label]) >= POOL_WORTH_US:
-                return not clearly_faster(one[label], pool[label], margin)
+                return contended or not clearly_faster(one[label], pool[label], margin)
             return clearly_faster(pool[label], one[label], margin)
 
         pooled = {label: pool_at(label) for label in labels}
