@@ -161,6 +161,7 @@ class Batcher:
         self.scheduler = Scheduler(self.max_batch, self.max_wait_us * 1e-6, min(limits, default=1), stackable,
                                    self.padding.worth_stacking)
         self._stacking = 0  # stacked batches running
+        self._busy = 0  # runs in flight, on workers or on callers' threads
         self._on_batch = on_batch
         self._clock = time.monotonic
         self._cond = threading.Condition()
@@ -178,6 +179,39 @@ class Batcher:
     def submit(self, feeds: dict[str, np.ndarray], priority: int = 0,
                timeout_us: float | None = None) -> Future[dict[str, np.ndarray]]:
         """Check the feeds (a ValueError names the input), queue them; the Future holds this request's outputs."""
+        request = self._request(feeds, priority, timeout_us)
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("the batcher is closed; it takes no new requests")
+            self.scheduler.add(request)
+            self._cond.notify()
+        return request.future
+
+    def run(self, feeds: dict[str, np.ndarray], priority: int = 0, timeout_us: float | None = None
+            ) -> dict[str, np.ndarray]:
+        """`submit(...).result()`; a request of a bucket not worth stacking runs on the calling thread when nothing
+        is queued and a worker is free (a Session shared by the threads, without the two hand-offs)."""
+        request = self._request(feeds, priority, timeout_us)
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("the batcher is closed; it takes no new requests")
+            inline = not self.scheduler.pending and self._busy < len(self._workers) and \
+                self.scheduler.cap(request.dims) == 1
+            if inline:
+                self._busy += 1
+            else:
+                self.scheduler.add(request)
+                self._cond.notify()
+        if inline:
+            try:
+                self._run([request], request.arrived)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify()
+        return request.future.result()
+
+    def _request(self, feeds: dict[str, np.ndarray], priority: int, timeout_us: float | None) -> Request:
         checked = check_feeds(feeds, self.session.inputs)
         if self._bounds:
             check_indices(checked, self._bounds)
@@ -187,19 +221,8 @@ class Batcher:
             raise ValueError(f"inputs {self._names}: dim 0 differs between inputs ({sorted(rows)}); fix: give every "
                              "input the same number of rows")
         now = self._clock()
-        future: Future[dict[str, np.ndarray]] = Future()
-        request = Request(checked, rows.pop() if len(rows) == 1 else 1, tuple(tuple(a.shape[1:]) for a in arrays),
-                          int(priority), now, None if timeout_us is None else now + float(timeout_us) * 1e-6, future)
-        with self._cond:
-            if self._closed:
-                raise BatcherClosed("the batcher is closed; it takes no new requests")
-            self.scheduler.add(request)
-            self._cond.notify()
-        return future
-
-    def run(self, feeds: dict[str, np.ndarray], priority: int = 0, timeout_us: float | None = None
-            ) -> dict[str, np.ndarray]:
-        return self.submit(feeds, priority, timeout_us).result()
+        return Request(checked, rows.pop() if len(rows) == 1 else 1, tuple(tuple(a.shape[1:]) for a in arrays),
+                       int(priority), now, None if timeout_us is None else now + float(timeout_us) * 1e-6, Future())
 
     def close(self) -> None:
         """Take no new requests, run every queued one, stop the workers."""
@@ -224,10 +247,14 @@ class Batcher:
                     late = self.scheduler.expire(now)
                     if late:
                         break
-                    batch = self.scheduler.take(now, draining=self._closed, stacking=self._stacking > 0)
+                    # a run on a caller's thread holds a worker's place: at most `workers` runs at once
+                    free = self._busy < len(self._workers)
+                    batch = self.scheduler.take(now, draining=self._closed, stacking=self._stacking > 0) if free \
+                        else None
                     if isinstance(batch, list):
                         stacked = self.scheduler.cap(batch[0].dims) > 1
                         self._stacking += stacked
+                        self._busy += 1
                         break
                     if batch is None and self._closed and not self.scheduler.pending:
                         return
@@ -241,10 +268,10 @@ class Batcher:
             try:
                 self._run(batch, now)
             finally:
-                if stacked:
-                    with self._cond:
-                        self._stacking -= 1
-                        self._cond.notify_all()
+                with self._cond:
+                    self._stacking -= stacked
+                    self._busy -= 1
+                    self._cond.notify_all()
 
     def _run(self, batch: list[Request], now: float) -> None:
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]

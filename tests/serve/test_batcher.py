@@ -301,3 +301,27 @@ def test_two_workers_never_run_two_stacked_batches_at_once() -> None:
         for thread in threads:
             thread.join(30)
     assert most[0] == 1 and max(session.calls) > 1 and sum(session.calls) == 240
+
+
+def test_a_request_not_worth_stacking_runs_on_the_callers_thread_when_nothing_waits() -> None:
+    session = FakeSession()
+    names: list[str] = []
+    plain = session.run
+
+    def named(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names.append(threading.current_thread().name)
+        return plain(feeds)
+
+    session.run = named  # type: ignore[method-assign]
+    one_by_one = PaddingPlan({((3,),): [(1, 1.0)]}, 1.0, {((3,),): [(1, 10.0)]})  # 8 stacked: 80 us against 8 x 1
+    seen: list[Any] = []
+    with Batcher(session, max_batch=8, max_wait_us=0, workers=1, padding=one_by_one, on_batch=seen.append) as batcher:
+        result = batcher.run({"x": np.full((1, 3), 3.0, np.float32)})
+        queued = batcher.submit({"x": np.ones((1, 3), np.float32)}).result(10)
+    np.testing.assert_array_equal(result["y"], np.full((1, 3), 6.0, np.float32))
+    np.testing.assert_array_equal(queued["y"], np.full((1, 3), 2.0, np.float32))
+    assert names == [threading.current_thread().name, "rlopt-batcher-0"], "run: inline; submit: a worker"
+    assert [stats.requests for stats in seen] == [1, 1], "both counted in the metrics"
+    stacking = Batcher(FakeSession(), max_batch=8, max_wait_us=0, workers=1, padding=PaddingPlan())
+    with stacking:
+        assert stacking.run({"x": np.ones((1, 3), np.float32)})["rows"].tolist() == [1]
