@@ -208,7 +208,7 @@ class Batcher:
             finally:
                 with self._cond:
                     self._busy -= 1
-                    self._cond.notify()
+                    self._cond.notify_all()
         return request.future.result()
 
     def _request(self, feeds: dict[str, np.ndarray], priority: int, timeout_us: float | None) -> Request:
