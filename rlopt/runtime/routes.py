@@ -80,10 +80,11 @@ def _single_candidates(alone: Table, points: list[str], order: list[str]) -> lis
 
 
 def _holder(alone: Table, singles: list[str], points: list[str], preferred: Sequence[str], margin: float,
-            cpu: Table, pools: Mapping[str, Collection[str]]) -> str:
+            cpu: Table, pools: Mapping[str, Collection[str]], together: Table | None = None) -> str:
     """The single backend every shape stays on unless another is clearly faster there: the first `preferred` one
-    that serves every point, unless the fastest single backend (geometric mean) is clearly faster, also in CPU time
-    per call where both have a one-thread figure (and the fastest runs no pool); else that fastest one."""
+    that serves every point, unless the fastest single backend (geometric mean) is clearly faster, its slower figure
+    per point (alone or together) against the preferred one's faster, also in CPU time per call where both have a
+    one-thread figure (and the fastest runs no pool); else that fastest one."""
     fastest = singles[0]
     keep = next((b for b in preferred if b in singles), None)
     if keep is None or keep == fastest:
@@ -93,8 +94,12 @@ def _holder(alone: Table, singles: list[str], points: list[str], preferred: Sequ
         row = table.get(name, {})
         return _geomean([row[p] for p in points]) if all(p in row for p in points) else None
 
+    def bound(name: str, pick: Any) -> float:  # geometric mean of each point's slower (max) or faster (min) figure
+        rows = [t.get(name, {}) for t in (alone, together or {})]
+        return _geomean([pick(row[p] for row in rows if p in row) for p in points])
+
     mine, theirs = None if pools.get(fastest) else geo(cpu, fastest), geo(cpu, keep)
-    beats = clearly_faster(geo(alone, fastest) or 0.0, geo(alone, keep) or 0.0, margin)
+    beats = clearly_faster(bound(fastest, max), bound(keep, min), margin)
     return fastest if beats and (mine is None or theirs is None or clearly_faster(mine, theirs, margin)) else keep
 
 
@@ -133,8 +138,8 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
     cpu, pools = cpu or {}, pools or {}
     singles = _single_candidates(alone, points, order)
     if together is None or not together:
-        best = _holder(alone, singles, points, preferred, overall, cpu, pools) if singles else next(b for b in order
-                                                                                              if b in alone)
+        best = _holder(alone, singles, points, preferred, overall, cpu, pools) if singles else next(
+            b for b in order if b in alone)
         why = f"mixed route not measured ({unmeasured})" if unmeasured else "one candidate backend"
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: {why}", best)
 
@@ -176,7 +181,7 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         """The route's worst shape among `over`: its latency over the fastest figure any candidate has there."""
         return max(cost(mix, holder, p) / min(min(figures(b, p)) for b in alone if figures(b, p)) for p in over)
 
-    best = _holder(alone, singles, points, preferred, overall, cpu, pools) if singles else ""
+    best = _holder(alone, singles, points, preferred, overall, cpu, pools, together) if singles else ""
     mix = route_of(best)
     switched = ""
     if best and companions is not None and len(mix) == len(points):
