@@ -213,8 +213,7 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         only = next(iter(mix.values()))
         return RouteChoice(dict.fromkeys(points, only), False, f"{only} alone: clearly faster than {best} at every "
                            f"shape", only)
-    # where the mix keeps the holder, it runs as alone: 1 by construction
-    ratios = {p: 1.0 if mix[p] == best else max(figures(mix[p], p)) / min(figures(best, p)) for p in points}
+    ratios = {p: cost(mix, best, p) / min(figures(best, p)) for p in points}  # 1 where the holder keeps the shape
     table = ", ".join(f"{p} {ratios[p]:.2f}x" for p in points)
     if min(ratios.values()) <= 1 - GAIN:
         return RouteChoice(mix, True, f"{switched}mixed kept, vs {best} alone: {table}", best, ratios)
