@@ -82,6 +82,7 @@ class Scheduler:
     pending: list[tuple[tuple[int, int], Request]] = field(default_factory=list)
     expected: dict[Dims, float] = field(default_factory=dict)
     _counter: itertools.count = field(default_factory=itertools.count)
+    _worth_at: dict[Dims, bool] = field(default_factory=dict)  # `worth` per bucket at the cap: asked per request
 
     def add(self, request: Request) -> None:
         request.order = next(self._counter)
@@ -102,7 +103,9 @@ class Scheduler:
     def cap(self, dims: Dims) -> int:
         """The most rows one run of this bucket stacks: 1 where stacking is not worth it."""
         cap = min(self.max_batch, self.row_limit) if self.stackable else 1
-        return cap if cap > 1 and self.worth(dims, cap) else 1
+        if cap > 1 and dims not in self._worth_at:
+            self._worth_at[dims] = self.worth(dims, cap)
+        return cap if cap > 1 and self._worth_at[dims] else 1
 
     def take(self, now: float, draining: bool = False, stacking: bool = False) -> list[Request] | float | None:
         """A batch to run now; else the time to look again (a wait deadline), or None when nothing waits but a
