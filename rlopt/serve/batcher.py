@@ -100,6 +100,10 @@ class Scheduler:
             heapq.heapify(self.pending)
         return late
 
+    def forget(self) -> None:
+        """Drop what `worth` said per bucket (the plan behind it changed)."""
+        self._worth_at.clear()
+
     def cap(self, dims: Dims) -> int:
         """The most rows one run of this bucket stacks: 1 where stacking is not worth it."""
         cap = min(self.max_batch, self.row_limit) if self.stackable else 1
@@ -156,13 +160,13 @@ class Batcher:
             raise ValueError(f"max_wait_us {max_wait_us}: must be >= 0")
         self.session = session
         self.max_batch, self.max_wait_us = int(max_batch), float(max_wait_us)
-        self.padding = plan_for(session) if padding is None else padding
+        self._padding = plan_for(session) if padding is None else padding
         self._names = list(session.inputs)
         self._bounds = index_bounds(session.inputs)
         limits = [p.max[0] for p in session.inputs.values() if p.max]
         stackable = len(limits) == len(self._names)  # every input has a dim 0 to stack along
         self.scheduler = Scheduler(self.max_batch, self.max_wait_us * 1e-6, min(limits, default=1), stackable,
-                                   self.padding.worth_stacking)
+                                   lambda dims, rows: self._padding.worth_stacking(dims, rows))
         self._stacking = 0  # stacked batches running
         self._busy = 0  # runs in flight, on workers or on callers' threads
         self._on_batch = on_batch
@@ -173,6 +177,18 @@ class Batcher:
                          for i in range(int(workers) if workers is not None else usable_cores())]
         for worker in self._workers:
             worker.start()
+
+    @property
+    def padding(self) -> PaddingPlan:
+        """The plan that pads batches and decides which buckets stack (`rlopt serve --watch` sets a reloaded
+        manifest's)."""
+        return self._padding
+
+    @padding.setter
+    def padding(self, plan: PaddingPlan) -> None:
+        with self._cond:
+            self._padding = plan
+            self.scheduler.forget()
 
     @property
     def queued(self) -> int:
@@ -283,7 +299,7 @@ class Batcher:
         for request in live:
             request.queued_s = now - request.arrived
         rows = sum(r.rows for r in live)
-        target = self.padding.target_rows(live[0].dims, rows) if self.scheduler.stackable else rows
+        target = self._padding.target_rows(live[0].dims, rows) if self.scheduler.stackable else rows
         start = time.perf_counter()
         try:
             outputs = self.session.run(self._stack(live, target)) if len(live) > 1 or target != rows \

@@ -325,3 +325,12 @@ def test_a_request_not_worth_stacking_runs_on_the_callers_thread_when_nothing_wa
     stacking = Batcher(FakeSession(), max_batch=8, max_wait_us=0, workers=1, padding=PaddingPlan())
     with stacking:
         assert stacking.run({"x": np.ones((1, 3), np.float32)})["rows"].tolist() == [1]
+
+
+def test_a_new_plan_decides_stacking_from_then_on() -> None:
+    """`rlopt serve --watch` sets a reloaded manifest's plan: which buckets stack follows it."""
+    one_by_one = PaddingPlan({((3,),): [(1, 1.0)]}, 1.0, {((3,),): [(1, 10.0)]})
+    with Batcher(FakeSession(), max_batch=8, max_wait_us=0, workers=1, padding=one_by_one) as batcher:
+        assert batcher.scheduler.cap(((3,),)) == 1
+        batcher.padding = PaddingPlan()
+        assert batcher.scheduler.cap(((3,),)) == 8 and batcher.padding == PaddingPlan()
