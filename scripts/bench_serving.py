@@ -1,10 +1,12 @@
 """The serving view of scripts/bench.py (issue 34's done-when), as JSON on stdout and a Markdown section.
 
 For the default policy and the atari CNN (bundled recipes, compiled by the real CLI):
-- HTTP: `rlopt serve` in its own process, batcher on (its defaults) against `--max-batch 1`, each a fresh server
-  per run; closed-loop batch-1 clients (tritonclient.http, scripts/bench_serving_load.py) at 1, 4, 16 and 64 at once,
-  spread over up to CLIENT_PROCESSES processes: throughput, p50, p99;
+- HTTP: `rlopt serve` in its own process, batcher on (its defaults) against `--max-batch 1`, both servers fresh
+  per run and up together; closed-loop batch-1 clients (tritonclient.http, scripts/bench_serving_load.py) at 1, 4,
+  16 and 64 at once, spread over up to CLIENT_PROCESSES processes: throughput, p50, p99;
 - in process: `rlopt.Batcher` against one `Session` shared by the threads, each in a fresh process, same counts;
+- each pair timed back to back at each concurrency, which one first alternating, so that this host's phases fall
+  on both sides of a ratio;
 - soak: 64 clients on the batcher for SOAK_S seconds: failed requests, the server's resident memory growth;
 - checks: the malformed-request matrix and SIGTERM under load (tests/serve, run by pytest).
 Medians over R runs. Wall-clock figures: run it on a quiet machine.
@@ -121,24 +123,34 @@ def load(args: list[str], clients: int, duration: float) -> dict[str, Any]:
                           duration), clients, duration)
 
 
-def measure_run(models: dict[str, Path], duration: float, concurrency: tuple[int, ...]) -> dict[str, Any]:
-    """One run: per model, the HTTP server both ways and the two in-process candidates, at every concurrency."""
+def measure_run(models: dict[str, Path], duration: float, concurrency: tuple[int, ...], flip: bool = False
+                ) -> dict[str, Any]:
+    """One run: per model, the HTTP server both ways and the two in-process candidates, at every concurrency. Both
+    servers stay up through the run and each pair is timed back to back per concurrency (which goes first alternates
+    with `flip` and the concurrency), so a phase of this host's speed falls on both sides of a ratio alike."""
     run: dict[str, Any] = {}
     for name, model_dir in models.items():
         network = MODELS[name]
         spec, _ = request_spec(model_dir, network)
         spec_text = json.dumps(spec)
-        rows: dict[str, list[dict[str, Any]]] = {}
+        http = (("http batcher", MAX_BATCH), ("http max-batch 1", 1))
+        local = (("in-process Batcher", "batcher"), ("in-process shared Session", "session"))
+        rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in (*http, *local)}
+        servers: dict[str, tuple[subprocess.Popen[str], int]] = {}
         exits = {}
-        for label, max_batch in (("http batcher", MAX_BATCH), ("http max-batch 1", 1)):
-            server, port = start_server(model_dir, network, max_batch)
-            try:
-                rows[label] = [load(["http", f"127.0.0.1:{port}", network, spec_text], c, duration)
-                               for c in concurrency]
-            finally:
+        try:
+            for label, max_batch in http:
+                servers[label] = start_server(model_dir, network, max_batch)
+            for index, clients in enumerate(concurrency):
+                turn = 1 if (index + flip) % 2 else -1
+                for label, _ in http[::turn]:
+                    rows[label].append(load(["http", f"127.0.0.1:{servers[label][1]}", network, spec_text], clients,
+                                            duration))
+                for label, mode in local[::turn]:
+                    rows[label].append(inproc(model_dir, network, spec_text, mode, clients, duration))
+        finally:
+            for label, (server, _) in servers.items():
                 exits[label] = stop_server(server)
-        for label, mode in (("in-process Batcher", "batcher"), ("in-process shared Session", "session")):
-            rows[label] = [inproc(model_dir, network, spec_text, mode, c, duration) for c in concurrency]
         rows["server_exit"] = exits  # type: ignore[assignment]
         run[name] = rows
         print(f"[bench-serving] {name}: " + "; ".join(
@@ -271,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             prepare(name, work_dir)
         models[name] = model_dir
     latencies = {name: request_spec(model_dir, MODELS[name])[1] for name, model_dir in models.items()}
-    measured = [measure_run(models, duration, concurrency) for _ in range(runs)]
+    measured = [measure_run(models, duration, concurrency, flip=bool(run % 2)) for run in range(runs)]
     result: dict[str, Any] = {"kind": "rlopt-bench-serving", "runs": runs, "duration_s": duration,
                               "concurrency": list(concurrency), "max_shape_latency_us": latencies,
                               "per_run": measured, "summary": summarize(measured, latencies)}
