@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/rlopt compile recipes/policy_value_heads.yaml -o $(DEMO_DIR)
 	$(BIN)/rlopt verify $(DEMO_DIR)
-	$(BIN)/rlopt warmup --model_dir $(DEMO_DIR) --profile recipes/warmup_profiles/chatbot.json --duration 5 --concurrency 4
+	$(BIN)/rlopt warmup --model_dir $(DEMO_DIR) \
+		--profile recipes/warmup_profiles/chatbot.json --duration 5 --concurrency 4
 
 # Two pytest workers, one per core; a test file stays on one worker, so its module fixtures are built once.
 # Bytecode is compiled once up front and written even where PYTHONDONTWRITEBYTECODE is set: the suite starts
