@@ -79,6 +79,11 @@ def _single_candidates(alone: Table, points: list[str], order: list[str]) -> lis
     return sorted(serving, key=lambda b: (_geomean([alone[b][p] for p in points]), order.index(b)))
 
 
+def _figures(alone: Table, together: Table | None, name: str, point: str) -> list[float]:
+    """`name`'s latencies at `point`: alone, and together where that was measured."""
+    return [t[name][point] for t in (alone, together or {}) if point in t.get(name, {})]
+
+
 def _holder(alone: Table, singles: list[str], points: list[str], preferred: Sequence[str], margin: float,
             cpu: Table, pools: Mapping[str, Collection[str]], together: Table | None = None) -> str:
     """The single backend every shape stays on unless another is clearly faster there: the first `preferred` one
@@ -95,8 +100,7 @@ def _holder(alone: Table, singles: list[str], points: list[str], preferred: Sequ
         return _geomean([row[p] for p in points]) if all(p in row for p in points) else None
 
     def bound(name: str, pick: Any) -> float:  # geometric mean of each point's slower (max) or faster (min) figure
-        rows = [t.get(name, {}) for t in (alone, together or {})]
-        return _geomean([pick(row[p] for row in rows if p in row) for p in points])
+        return _geomean([pick(_figures(alone, together, name, p)) for p in points])
 
     mine, theirs = None if pools.get(fastest) else geo(cpu, fastest), geo(cpu, keep)
     beats = clearly_faster(bound(fastest, max), bound(keep, min), margin)
@@ -144,7 +148,7 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
         return RouteChoice(dict.fromkeys(points, best), False, f"{best} alone: {why}", best)
 
     def figures(name: str, point: str) -> list[float]:
-        return [t[name][point] for t in (alone, together) if point in t.get(name, {})]
+        return _figures(alone, together, name, point)
 
     def joins(name: str, point: str) -> bool:  # a companion there: computes on the calling thread alone
         return companions is None or name in companions or (name in pools and point not in pools[name])
