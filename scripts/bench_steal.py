@@ -24,10 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import SPIN  # noqa: E402 -- the bench's busy condition (scripts/ is on sys.path when run)
+from bench_stall import HOG  # noqa: E402 -- bench_stall's spinner pinned to one core
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"one": ("1", 0), "pool": ("2", 0), "steal 2": ("1", 2), "steal 4": ("1", 4)}
-CONDITIONS = {"quiet": None, "busy": "", "pinned": "pin"}
-SPIN = "import os, sys\nif sys.argv[1:]: os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})\nwhile True: pass"
+CONDITIONS = {"quiet": None, "busy": [SPIN], "pinned": [HOG, str(max(os.sched_getaffinity(0)))]}  # spinner's -c args
 
 CASE = r"""
 import ctypes, os, re, subprocess, sys, time
@@ -107,8 +109,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rlopt-steal-") as work:
         launcher = build_launcher(Path(work))
         for condition in args.condition or list(CONDITIONS):
-            spinner = None if CONDITIONS[condition] is None else subprocess.Popen(
-                [sys.executable, "-c", SPIN, *([CONDITIONS[condition]] if CONDITIONS[condition] else [])])
+            spinning = CONDITIONS[condition]
+            spinner = None if spinning is None else subprocess.Popen([sys.executable, "-c", *spinning])
             try:
                 samples: dict[str, dict[str, list[float]]] = {p: {m: [] for m in MODES} for p in points}
                 for _ in range(args.rounds):
