@@ -13,11 +13,11 @@ if TYPE_CHECKING:
     from rlopt.serve.batcher import Batcher
 
 
-def load(model_dir: Any, network: str, backend: str = "auto") -> Session:
+def load(model_dir: Any, network: str, backend: str = "auto", *, spinning: bool = True) -> Session:
     """Load one network of a compiled MODEL_DIR (see rlopt.runtime.load)."""
     from rlopt.runtime import load as _load
 
-    return _load(model_dir, network, backend)
+    return _load(model_dir, network, backend, spinning=spinning)
 
 
 def refit(model_dir: Any, checkpoint: Any, out: Any = None) -> Path:

@@ -1,12 +1,15 @@
 """The serving view of scripts/bench.py (issue 34's done-when), as JSON on stdout and a Markdown section.
 
 For the default policy and the atari CNN (bundled recipes, compiled by the real CLI):
-- HTTP: `rlopt serve` in its own process, batcher on (its defaults) against `--max-batch 1`, both servers fresh
-  per run and up together; closed-loop batch-1 clients (tritonclient.http, scripts/bench_serving_load.py) at 1, 4,
-  16 and 64 at once, spread over up to CLIENT_PROCESSES processes: throughput, p50, p99;
-- in process: `rlopt.Batcher` against one `Session` shared by the threads, each in a fresh process, same counts;
-- each pair timed back to back at each concurrency, which one first alternating, so that this host's phases fall
-  on both sides of a ratio;
+- HTTP: `rlopt serve` in its own process, batcher on (its defaults) against `--max-batch 1`, and an A/A twin of
+  the latter, the servers fresh per run and up together; closed-loop batch-1 clients (requests encoded once by
+  tritonclient.http, as perf_analyzer does; scripts/bench_serving_load.py) at 1, 4, 16 and 64 at once, spread over
+  up to CLIENT_PROCESSES processes: throughput, p50, p99, and the requests in flight on average (Little's law:
+  below the client count when the callers, not the server, set the pace);
+- in process: `rlopt.Batcher` against one `Session` shared by the threads, and its A/A twin, each in a fresh
+  process, same counts;
+- each trio timed back to back at each concurrency, which one first rotating, so that this host's phases fall
+  on every side of a ratio;
 - soak: 64 clients on the batcher for SOAK_S seconds: failed requests, the server's resident memory growth;
 - checks: the malformed-request matrix and SIGTERM under load (tests/serve, run by pytest).
 Medians over R runs. Wall-clock figures: run it on a quiet machine.
@@ -38,6 +41,8 @@ MODELS = {"policy-value-heads": "policy", "atari-cnn": "actor_critic"}
 CONCURRENCY = (1, 4, 16, 64)
 CLIENT_PROCESSES = 4
 MAX_BATCH, MAX_WAIT_US = 8, 500.0  # rlopt serve's defaults: the "batcher on" configuration
+WARM_CLIENTS, WARM_S = 4, 2.0  # each server's untimed load before a run's points
+AA_HTTP, AA_LOCAL = "http max-batch 1 (A/A)", "in-process shared Session (A/A)"
 SOAK_S, SOAK_CLIENTS = 60.0, 64
 
 
@@ -95,12 +100,19 @@ def started(commands: list[list[str]], duration: float) -> list[dict[str, Any]]:
         if process.stdout.readline().strip() != "ready":
             raise SystemExit(f"bench_serving: a load process failed to start: {process.communicate()[1][-400:]}")
     start = time.time() + 0.5
+    for process in running:  # every process told before any is waited for: each times the same window
+        assert process.stdin is not None
+        process.stdin.write(f"{start}\n")
+        process.stdin.flush()
     parts = []
     for process in running:
-        out, err = process.communicate(f"{start}\n", timeout=duration + 300)
+        out, err = process.communicate(timeout=duration + 300)
         if process.returncode != 0:
             raise SystemExit(f"bench_serving: a load process failed: {err[-400:]}")
         parts.append(json.loads(out.strip().splitlines()[-1]))
+    idle = [index for index, part in enumerate(parts) if not part["requests"] and not part["failures"]]
+    if idle:
+        raise SystemExit(f"bench_serving: load processes {idle} made no request in the timed window")
     return parts
 
 
@@ -110,9 +122,15 @@ def merged(parts: list[dict[str, Any]], clients: int, duration: float) -> dict[s
     latencies = np.concatenate([np.asarray(p["latencies_us"], dtype=np.float64) for p in parts])
     requests = sum(p["requests"] for p in parts)
     p50, p99 = (float(v) for v in np.percentile(latencies, [50, 99])) if latencies.size else (float("nan"),) * 2
+    cpu = sum((p.get("cpu_us_per_request") or 0.0) * p["requests"] for p in parts)
+    throughput = requests / duration
     return {"clients": clients, "requests": requests, "failures": sum(p["failures"] for p in parts),
-            "errors": [e for p in parts for e in p["errors"]][:3], "throughput_rps": round(requests / duration, 1),
-            "p50_us": round(p50, 1), "p99_us": round(p99, 1)}
+            "errors": [e for p in parts for e in p["errors"]][:3], "throughput_rps": round(throughput, 1),
+            "p50_us": round(p50, 1), "p99_us": round(p99, 1),
+            # Little's law: requests in flight on average; well under `clients` when the callers, not the server,
+            # set the pace (each caller spends most of its loop outside the request)
+            "in_flight": round(throughput * float(latencies.mean()) * 1e-6, 2) if latencies.size else 0.0,
+            "load_cpu_us_per_request": round(cpu / requests, 1) if requests else None}
 
 
 def load(args: list[str], clients: int, duration: float) -> dict[str, Any]:
@@ -125,28 +143,32 @@ def load(args: list[str], clients: int, duration: float) -> dict[str, Any]:
 
 def measure_run(models: dict[str, Path], duration: float, concurrency: tuple[int, ...], flip: bool = False
                 ) -> dict[str, Any]:
-    """One run: per model, the HTTP server both ways and the two in-process candidates, at every concurrency. Both
-    servers stay up through the run and each pair is timed back to back per concurrency (which goes first alternates
-    with `flip` and the concurrency), so a phase of this host's speed falls on both sides of a ratio alike."""
+    """One run: per model, the HTTP server both ways and the two in-process candidates, at every concurrency, each
+    pair with an A/A twin of its baseline (a second `--max-batch 1` server, a second shared-Session process): how far
+    two copies of one candidate read apart is this run's noise. The servers stay up through the run and each trio is
+    timed back to back per concurrency (which goes first rotates with `flip` and the concurrency), so a phase of this
+    host's speed falls on every side of a ratio alike."""
     run: dict[str, Any] = {}
     for name, model_dir in models.items():
         network = MODELS[name]
         spec, _ = request_spec(model_dir, network)
         spec_text = json.dumps(spec)
-        http = (("http batcher", MAX_BATCH), ("http max-batch 1", 1))
-        local = (("in-process Batcher", "batcher"), ("in-process shared Session", "session"))
+        http = (("http batcher", MAX_BATCH), ("http max-batch 1", 1), (AA_HTTP, 1))
+        local = (("in-process Batcher", "batcher"), ("in-process shared Session", "session"), (AA_LOCAL, "session"))
         rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in (*http, *local)}
         servers: dict[str, tuple[subprocess.Popen[str], int]] = {}
         exits = {}
         try:
             for label, max_batch in http:
                 servers[label] = start_server(model_dir, network, max_batch)
+            for label, _ in http:  # untimed: a server's first seconds of load read slower than the rest
+                load(["http", f"127.0.0.1:{servers[label][1]}", network, spec_text], WARM_CLIENTS, WARM_S)
             for index, clients in enumerate(concurrency):
-                turn = 1 if (index + flip) % 2 else -1
-                for label, _ in http[::turn]:
+                turn = (index + 2 * flip) % 3  # which candidate goes first rotates over the points and runs
+                for label, _ in http[turn:] + http[:turn]:
                     rows[label].append(load(["http", f"127.0.0.1:{servers[label][1]}", network, spec_text], clients,
                                             duration))
-                for label, mode in local[::turn]:
+                for label, mode in local[turn:] + local[:turn]:
                     rows[label].append(inproc(model_dir, network, spec_text, mode, clients, duration))
         finally:
             for label, (server, _) in servers.items():
@@ -202,7 +224,7 @@ def summarize(runs: list[dict[str, Any]], latencies: dict[str, float]) -> dict[s
             if label == "server_exit":
                 continue
             table[name][label] = [{key: statistics.median(run[name][label][i][key] for run in runs)
-                                   for key in ("throughput_rps", "p50_us", "p99_us")}
+                                   for key in ("throughput_rps", "p50_us", "p99_us", "in_flight")}
                                   | {"clients": row["clients"],
                                      "failures": sum(run[name][label][i]["failures"] for run in runs)}
                                   for i, row in enumerate(rows)]
@@ -216,20 +238,29 @@ def summarize(runs: list[dict[str, Any]], latencies: dict[str, float]) -> dict[s
 
     atari = [at("atari-cnn", label, 16) for label in ("http batcher", "http max-batch 1", "in-process Batcher",
                                                       "in-process shared Session")]
-    if all(atari):
+    twins = [at("atari-cnn", label, 16) for label in (AA_HTTP, AA_LOCAL)]
+    if all(atari) and all(twins):
         http, inproc_ratio = ratio(atari[0], atari[1]), ratio(atari[2], atari[3])  # type: ignore[arg-type]
-        verdicts["atari 16 HTTP clients: batcher / max-batch 1 >= 1.2"] = [round(http, 3), http >= 1.2]
-        verdicts["atari 16 threads: Batcher / shared Session >= 1.5"] = [round(inproc_ratio, 3), inproc_ratio >= 1.5]
+        aa_http, aa_local = ratio(twins[0], atari[1]), ratio(twins[1], atari[3])  # type: ignore[arg-type]
+        verdicts["atari 16 HTTP clients: batcher / max-batch 1 >= 1.2 (A/A)"] = [
+            round(http, 3), round(aa_http, 3), http >= 1.2]
+        verdicts["atari 16 threads: Batcher / shared Session >= 1.5 (A/A)"] = [
+            round(inproc_ratio, 3), round(aa_local, 3), inproc_ratio >= 1.5]
     policy = table.get("policy-value-heads", {})
     if policy:
         ratios = [ratio(b, o) for b, o in zip(policy["http batcher"], policy["http max-batch 1"])]
-        verdicts["default policy: batcher / max-batch 1 >= 0.95 at every concurrency"] = [
-            [round(r, 3) for r in ratios], min(ratios) >= 0.95]
+        twins = [ratio(t, o) for t, o in zip(policy[AA_HTTP], policy["http max-batch 1"])]
+        noise = [max(t, 1 / t) for t in twins]
+        verdicts["default policy: batcher / max-batch 1 >= 0.95 / A/A noise at every concurrency (A/A)"] = [
+            [round(r, 3) for r in ratios], [round(t, 3) for t in twins],
+            all(r >= 0.95 / n for r, n in zip(ratios, noise))]
         one, sixteen = at("policy-value-heads", "http batcher", 1), at("policy-value-heads", "http batcher", 16)
         if one and sixteen:
             bound = one["p99_us"] + MAX_WAIT_US + 2 * latencies["policy-value-heads"]
-            verdicts["default policy: p99 at 16 <= p99 at 1 + max_wait + 2 max-shape latencies"] = [
-                [round(sixteen["p99_us"], 1), round(bound, 1)], sixteen["p99_us"] <= bound]
+            # Little's law: 16 closed-loop callers wait 16 / throughput on average, so p99 cannot be below that
+            floor = 16e6 / sixteen["throughput_rps"] if sixteen["throughput_rps"] else float("nan")
+            verdicts["default policy: p99 at 16 <= p99 at 1 + max_wait + 2 max-shape latencies (mean wait at 16)"] = [
+                [round(sixteen["p99_us"], 1), round(bound, 1)], [round(floor, 1)], sixteen["p99_us"] <= bound]
     return {"table": table, "verdicts": verdicts}
 
 
@@ -245,8 +276,9 @@ def markdown(result: dict[str, Any]) -> str:
                      + (f", {r['failures']} failed" if r["failures"] else "") for r in rows]
             lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     lines += ["", "| done-when check | measured | passed |", "|---|---|---|"]
-    for check, (value, passed) in result["summary"]["verdicts"].items():
-        lines.append(f"| {check} | {value} | {'yes' if passed else 'no'} |")
+    for check, (*values, passed) in result["summary"]["verdicts"].items():
+        shown = ", ".join(str(v) for v in values)
+        lines.append(f"| {check} | {shown} | {'yes' if passed else 'no'} |")
     soaked = result.get("soak")
     if soaked:
         growth = soaked["rss_growth"]

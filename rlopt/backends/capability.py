@@ -112,6 +112,9 @@ class Backend:
     - `refit`: "module:function" of its RefitHook (new weights without recompiling); None: `rlopt refit` refuses it.
     - `one_thread(facts)`: the facts to open a runner that computes on its calling thread alone (refit then gates it
       side by side, one per core); None: it cannot.
+    - `no_spin(facts)`: the facts to open a runner whose idle pool threads sleep at once instead of spinning for the
+      next call (`rlopt.load(..., spinning=False)`: a server, whose event loop and callers need the cores between
+      calls); None: its pools do not spin, or cannot be told.
     - `timed_apart`: `auto` times it alone in a process of its own (a spinning pool beside other sessions reads
       slower than a session routed to it alone runs it); `auto`: "module:attribute" of its
       AutoTuning (configurations `auto` chooses between per shape); `pool_stalls`: its pool's fork-join waits for a
@@ -142,6 +145,7 @@ class Backend:
     triton: TritonModel | None = None
     refit: str | None = None
     one_thread: Callable[[Any], Any] | None = None
+    no_spin: Callable[[Any], Any] | None = None
     timed_apart: bool = False
     auto: str | None = None
     pool_stalls: bool = False

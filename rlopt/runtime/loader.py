@@ -82,22 +82,25 @@ def open_artifact(model_dir: Path, backend: str, artifact: BackendRecord, input_
     return open_runner(backend, checked_file(model_dir, artifact), input_names, typed)
 
 
-def load(model_dir: str | Path, network: str, backend: str = "auto") -> Session:
+def load(model_dir: str | Path, network: str, backend: str = "auto", *, spinning: bool = True) -> Session:
     """Load one network of a compiled MODEL_DIR; the artifact's sha256 is checked before it is opened.
 
     `auto` leaves out a backend whose runner cannot start here after all (its library present, yet, say, CUDA fails
-    to initialise) and routes over the others, as if it had been unusable from the start."""
+    to initialise) and routes over the others, as if it had been unusable from the start. `spinning=False` opens
+    every backend that can be told so (its `no_spin`) with pools that sleep between calls instead of spinning: for a
+    process that shares its cores with other work between calls (`rlopt serve`: its event loop), where a spinning
+    pool thread took CPU the requests needed."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
     if backend != "auto":
         fallback = resolve_backend(manifest, model_dir, network, backend)
-        return _open(model_dir, network, manifest.networks[network], {}, fallback, {}, backend)
+        return _open(model_dir, network, manifest.networks[network], {}, fallback, {}, backend, spinning)
     record = manifest.network(network, model_dir)
     usable, failed = usable_backends(manifest, model_dir, network), []
     while True:
         plan = recorded_plan(record, usable)
         try:
-            return _open(model_dir, network, record, plan.routes, plan.fallback, plan.options, backend)
+            return _open(model_dir, network, record, plan.routes, plan.fallback, plan.options, backend, spinning)
         except _CannotStart as exc:
             usable = [name for name in usable if name != exc.backend]
             failed.append(f"{exc.backend}: {exc.reason}")
@@ -114,7 +117,7 @@ class _CannotStart(Exception):
 
 
 def _open(model_dir: Path, network: str, record: NetworkRecord, routes: dict[Any, str], fallback: str,
-          options: dict[str, dict[str, Any]], backend: str) -> Session:
+          options: dict[str, dict[str, Any]], backend: str, spinning: bool = True) -> Session:
     """Open the runners a route needs, each with the facts its route opens it with (`options` over its artifact's);
     under `auto`, one that cannot start raises _CannotStart (the others closed)."""
     runners: dict[str, Runner] = {}
@@ -124,6 +127,9 @@ def _open(model_dir: Path, network: str, record: NetworkRecord, routes: dict[Any
         for name in opened:
             artifact = record.artifacts[name]
             facts = artifact.facts.updated(**options[name]) if name in options else artifact.facts
+            no_spin = BACKENDS[name].no_spin
+            if not spinning and no_spin is not None:
+                facts = no_spin(facts)
             try:
                 runners[name] = open_artifact(model_dir, name, artifact, list(record.inputs), facts)
             except BackendUnavailable as exc:
@@ -135,7 +141,7 @@ def _open(model_dir: Path, network: str, record: NetworkRecord, routes: dict[Any
             runner.close()
         raise
     return Session(runners, routes, fallback, network, record,
-                   reopen=lambda other: load(other, network, backend))
+                   reopen=lambda other: load(other, network, backend, spinning=spinning))
 
 
 __all__ = ["KNOWN_BACKENDS", "load", "open_artifact", "resolve_backend", "usable_backends"]

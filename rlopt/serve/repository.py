@@ -60,7 +60,9 @@ class Repository:
         try:
             for name in names:
                 record = manifest.networks[name]
-                session = rlopt.load(self.model_dir, name, options.backend)
+                # pools that sleep between calls: a spinning ONNX Runtime worker took up to a core from the event
+                # loop and the batcher (scripts/bench_serving.py: the server's CPU per request fell by a fifth)
+                session = rlopt.load(self.model_dir, name, options.backend, spinning=False)
                 pairs = state_pairs(self.model_dir, record)
                 store = SequenceStore(pairs, session.inputs, options.sequence_idle_s) if pairs else None
                 observer = None

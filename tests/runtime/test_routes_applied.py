@@ -115,3 +115,19 @@ def test_auto_runs_the_shapes_compile_gave_other_threads_on_a_session_with_those
             assert all(np.array_equal(session.run(feeds)[k], v) for k, v in named.run(feeds).items())
         assert not named._gen.runners["onnxruntime"]._by_shape, "a named backend runs as built"
     session.close()
+
+
+def test_spinning_false_opens_every_onnxruntime_session_without_spinning_and_a_reload_keeps_it(
+        tiny_copy: Path) -> None:
+    everywhere = dict.fromkeys(["1x1x32", "2x3x32", "4x6x32", "other"], "onnxruntime")
+    _record_route(tiny_copy, everywhere, spinning=True, threads=2, shape_threads={"4x6x32": 0})
+    assert _ort_spins(rlopt.load(tiny_copy, "policy")), "the recorded route spins"
+    with rlopt.load(tiny_copy, "policy", spinning=False) as quiet:
+        runner = quiet._gen.runners["onnxruntime"]
+        assert not _ort_spins(quiet)
+        assert runner._by_shape["4x6x32"].get_session_options().get_session_config_entry(SPIN_KEY) == "0"
+        quiet.reload(tiny_copy)
+        assert not _ort_spins(quiet), "the reloaded generation opens as the first did"
+    with rlopt.load(tiny_copy, "policy", backend="onnxruntime", spinning=False) as named:
+        assert named._gen.runners["onnxruntime"]._session.get_session_options().get_session_config_entry(
+            SPIN_KEY) == "0"

@@ -195,3 +195,27 @@ def test_no_endpoint_loads_a_model_a_client_names(tiny_server: Server, tmp_path:
     http = httpclient.InferenceServerClient(f"127.0.0.1:{tiny_server.http_port}")
     with pytest.raises(Exception, match="not an endpoint"):
         http.load_model(str(tmp_path))
+
+
+def test_served_sessions_are_opened_with_pools_that_sleep_between_calls(ort_tiny: Path, monkeypatch) -> None:
+    from rlopt.serve.repository import Repository
+
+    opened: list[dict[str, object]] = []
+    real = rlopt.load
+
+    def recording(*args: object, **kwargs: object) -> rlopt.Session:
+        opened.append(kwargs)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rlopt, "load", recording)
+    repository = Repository(ort_tiny, ServeOptions())
+    try:
+        assert opened and all(kwargs.get("spinning") is False for kwargs in opened)
+        for network in repository.networks.values():
+            runner = network.session._gen.runners["onnxruntime"]
+            for session in [runner._session, *runner._by_shape.values()]:
+                options = session.get_session_options()
+                assert options.intra_op_num_threads == 1 or \
+                    options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    finally:
+        repository.close()

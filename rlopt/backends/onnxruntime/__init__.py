@@ -30,6 +30,11 @@ def _one_thread(facts: OnnxRuntimeFacts) -> OnnxRuntimeFacts:
     return facts.updated(intra_op_threads=1, shape_threads={}, allow_spinning=None)
 
 
+def _no_spin(facts: OnnxRuntimeFacts) -> OnnxRuntimeFacts:
+    """Its intra-op pools (one per thread count the route uses) sleep between calls."""
+    return OnnxRuntimeFacts.of(facts).updated(allow_spinning=False)
+
+
 def _upgrade_v1_facts(network: dict[str, Any]) -> dict[str, Any]:
     from rlopt.backends.onnxruntime.auto import upgrade_v1_facts
 
@@ -43,7 +48,7 @@ BACKEND = Backend(
     unavailable=_unavailable, threads=_threads, facts=OnnxRuntimeFacts, config=OnnxRuntimeConfig,
     distributions=(("onnxruntime", ("onnxruntime", "onnxruntime-gpu")),), pads_gemm=lambda config: False,
     triton=TritonModel(platform="onnxruntime_onnx", filename="model.onnx"),
-    refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread,
+    refit="rlopt.backends.onnxruntime.refit:refit_artifact", one_thread=_one_thread, no_spin=_no_spin,
     # its spinning pool beside this process's other sessions reads slower than a session routed to it alone runs
     timed_apart=True, auto="rlopt.backends.onnxruntime.auto:THREADS",
     # the bench's yardstick: a shape stays on it unless another backend is clearly faster there
