@@ -208,16 +208,22 @@ class Batcher:
 
     def run(self, feeds: dict[str, np.ndarray], priority: int = 0, timeout_us: float | None = None
             ) -> dict[str, np.ndarray]:
-        """`submit(...).result()`; a request of a bucket not worth stacking runs on the calling thread when nothing
-        is queued and a worker is free (a Session shared by the threads, without the two hand-offs)."""
+        """`submit(...).result()`, except that a request runs on the calling thread, without the two hand-offs to
+        and from a worker, when nothing is queued and a worker is free: a bucket not worth stacking then runs as a
+        Session shared by the threads would; one worth stacking only when no stacked batch runs either, and its
+        run counts as one (requests that come meanwhile gather for the next batch). One caller alone then waits
+        what a shared Session takes (atari CNN, 1 thread: 4098 requests/s through the workers, 5558 on the caller's
+        thread, 6194 on a shared Session)."""
         request = self._request(feeds, priority, timeout_us)
         with self._cond:
             if self._closed:
                 raise BatcherClosed("the batcher is closed; it takes no new requests")
+            stacked = self.scheduler.cap(request.dims) > 1
             inline = not self.scheduler.pending and self._busy < len(self._workers) and \
-                self.scheduler.cap(request.dims) == 1
+                not (stacked and self._stacking)
             if inline:
                 self._busy += 1
+                self._stacking += stacked
             else:
                 self.scheduler.add(request)
                 self._cond.notify()
@@ -227,7 +233,9 @@ class Batcher:
             finally:
                 with self._cond:
                     self._busy -= 1
-                    self._cond.notify_all()
+                    self._stacking -= stacked
+                    if self.scheduler.pending:  # else waking the idle workers only costs the caller the GIL
+                        self._cond.notify_all()
         return request.future.result()
 
     def _request(self, feeds: dict[str, np.ndarray], priority: int, timeout_us: float | None) -> Request:

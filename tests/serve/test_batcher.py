@@ -327,6 +327,37 @@ def test_a_request_not_worth_stacking_runs_on_the_callers_thread_when_nothing_wa
         assert stacking.run({"x": np.ones((1, 3), np.float32)})["rows"].tolist() == [1]
 
 
+def test_a_lone_request_worth_stacking_runs_on_the_callers_thread_and_the_next_ones_gather_meanwhile() -> None:
+    session = FakeSession()
+    seen: list[tuple[str, int]] = []
+    started, release = threading.Event(), threading.Event()
+    plain = session.run
+
+    def gated(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append((threading.current_thread().name, int(feeds["x"].shape[0])))
+        if len(seen) == 1:
+            started.set()
+            release.wait(10)
+        return plain(feeds)
+
+    session.run = gated  # type: ignore[method-assign]
+    with Batcher(session, max_batch=8, max_wait_us=0, workers=2, padding=PaddingPlan()) as batcher:
+        answers: list[dict[str, np.ndarray]] = []
+        caller = threading.Thread(target=lambda: answers.append(batcher.run({"x": np.ones((1, 3), np.float32)})),
+                                  name="the-caller")
+        caller.start()
+        assert started.wait(10)
+        queued = [batcher.submit({"x": np.full((1, 3), float(k), np.float32)}) for k in range(3)]
+        threading.Event().wait(0.05)
+        assert len(seen) == 1, "no second run beside the caller's: the others gather"
+        release.set()
+        caller.join(10)
+        results = [future.result(10) for future in queued]
+    assert seen == [("the-caller", 1), ("rlopt-batcher-0", 3)] or seen == [("the-caller", 1), ("rlopt-batcher-1", 3)]
+    np.testing.assert_array_equal(answers[0]["y"], np.full((1, 3), 2.0, np.float32))
+    assert [r["y"][0, 0] for r in results] == [0.0, 2.0, 4.0]
+
+
 def test_a_new_plan_decides_stacking_from_then_on() -> None:
     """`rlopt serve --watch` sets a reloaded manifest's plan: which buckets stack follows it."""
     one_by_one = PaddingPlan({((3,),): [(1, 1.0)]}, 1.0, {((3,),): [(1, 10.0)]})
