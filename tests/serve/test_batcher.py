@@ -358,6 +358,33 @@ def test_a_lone_request_worth_stacking_runs_on_the_callers_thread_and_the_next_o
     assert [r["y"][0, 0] for r in results] == [0.0, 2.0, 4.0]
 
 
+def test_callers_of_a_bucket_not_worth_stacking_run_at_once_on_their_own_threads_however_many() -> None:
+    session = FakeSession()
+    inside: list[str] = []
+    all_in, release = threading.Event(), threading.Event()
+    plain = session.run
+
+    def gated(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        inside.append(threading.current_thread().name)
+        if len(inside) == 4:
+            all_in.set()
+        release.wait(10)
+        return plain(feeds)
+
+    session.run = gated  # type: ignore[method-assign]
+    one_by_one = PaddingPlan({((3,),): [(1, 1.0)]}, 1.0, {((3,),): [(1, 10.0)]})
+    with Batcher(session, max_batch=8, max_wait_us=0, workers=2, padding=one_by_one) as batcher:
+        callers = [threading.Thread(target=batcher.run, args=({"x": np.ones((1, 3), np.float32)},),
+                                    name=f"caller-{k}") for k in range(4)]
+        for caller in callers:
+            caller.start()
+        assert all_in.wait(10), f"4 callers, 2 workers: {inside} ran at once"
+        release.set()
+        for caller in callers:
+            caller.join(10)
+    assert sorted(inside) == [f"caller-{k}" for k in range(4)]
+
+
 def test_a_new_plan_decides_stacking_from_then_on() -> None:
     """`rlopt serve --watch` sets a reloaded manifest's plan: which buckets stack follows it."""
     one_by_one = PaddingPlan({((3,),): [(1, 1.0)]}, 1.0, {((3,),): [(1, 10.0)]})
