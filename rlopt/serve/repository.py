@@ -61,7 +61,8 @@ class Repository:
             for name in names:
                 record = manifest.networks[name]
                 # pools that sleep between calls: a spinning ONNX Runtime worker took up to a core from the event
-                # loop and the batcher (scripts/bench_serving.py: the server's CPU per request fell by a fifth)
+                # loop and the batcher (the server's CPU per request fell by a third: docs/benchmarks.md, "Serving
+                # on this host")
                 session = rlopt.load(self.model_dir, name, options.backend, spinning=False)
                 pairs = state_pairs(self.model_dir, record)
                 store = SequenceStore(pairs, session.inputs, options.sequence_idle_s) if pairs else None
