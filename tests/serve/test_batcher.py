@@ -385,6 +385,21 @@ def test_callers_of_a_bucket_not_worth_stacking_run_at_once_on_their_own_threads
     assert sorted(inside) == [f"caller-{k}" for k in range(4)]
 
 
+def test_feeds_checked_once_per_signature_are_still_refused_when_they_change() -> None:
+    with Batcher(FakeSession(), max_batch=8, max_wait_us=0, workers=1, padding=PaddingPlan()) as batcher:
+        good = np.ones((1, 3), np.float32)
+        for _ in range(2):
+            np.testing.assert_array_equal(batcher.run({"x": good})["y"], 2 * good)
+        with pytest.raises(ValueError, match="input 'x': dtype <f8"):
+            batcher.run({"x": good.astype(np.float64)})
+        with pytest.raises(ValueError, match="dim 1 is 4"):
+            batcher.run({"x": np.ones((1, 4), np.float32)})
+        with pytest.raises(ValueError, match="do not match"):
+            batcher.run({"x": good, "extra": good})
+        strided = np.ones((3, 2), np.float32).T[:1]  # (1, 3), not C-contiguous
+        np.testing.assert_array_equal(batcher.run({"x": strided})["y"], 2 * np.ones((1, 3), np.float32))
+
+
 def test_a_new_plan_decides_stacking_from_then_on() -> None:
     """`rlopt serve --watch` sets a reloaded manifest's plan: which buckets stack follows it."""
     one_by_one = PaddingPlan({((3,),): [(1, 1.0)]}, 1.0, {((3,),): [(1, 10.0)]})
