@@ -249,10 +249,10 @@ def summarize(runs: list[dict[str, Any]], latencies: dict[str, float]) -> dict[s
     policy = table.get("policy-value-heads", {})
     if policy:
         ratios = [ratio(b, o) for b, o in zip(policy["http batcher"], policy["http max-batch 1"])]
-        twins = [ratio(t, o) for t, o in zip(policy[AA_HTTP], policy["http max-batch 1"])]
-        noise = [max(t, 1 / t) for t in twins]
+        twin_ratios = [ratio(t, o) for t, o in zip(policy[AA_HTTP], policy["http max-batch 1"])]
+        noise = [max(t, 1 / t) for t in twin_ratios]
         verdicts["default policy: batcher / max-batch 1 >= 0.95 / A/A noise at every concurrency (A/A)"] = [
-            [round(r, 3) for r in ratios], [round(t, 3) for t in twins],
+            [round(r, 3) for r in ratios], [round(t, 3) for t in twin_ratios],
             all(r >= 0.95 / n for r, n in zip(ratios, noise))]
         one, sixteen = at("policy-value-heads", "http batcher", 1), at("policy-value-heads", "http batcher", 16)
         if one and sixteen:

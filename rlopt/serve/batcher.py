@@ -166,7 +166,6 @@ class Batcher:
         self._names = list(session.inputs)
         self._bounds = index_bounds(session.inputs)
         self._signatures: set[tuple[Any, ...]] = set()  # feeds' (shape, dtype) per input that passed check_feeds
-        self._targets: dict[tuple[Dims, int], int] = {}  # the padding plan's target rows per (bucket, rows)
         limits = [p.max[0] for p in session.inputs.values() if p.max]
         stackable = len(limits) == len(self._names)  # every input has a dim 0 to stack along
         self.scheduler = Scheduler(self.max_batch, self.max_wait_us * 1e-6, min(limits, default=1), stackable,
@@ -192,7 +191,6 @@ class Batcher:
     def padding(self, plan: PaddingPlan) -> None:
         with self._cond:
             self._padding = plan
-            self._targets = {}
             self.scheduler.forget()
 
     @property
@@ -272,13 +270,6 @@ class Batcher:
             self._signatures.add(tuple((a.shape, a.dtype, True) for a in checked.values()))
         return checked
 
-    def _target(self, dims: Dims, rows: int) -> int:
-        """The rows to run `rows` stacked rows of bucket `dims` as (the padding plan's answer, kept)."""
-        targets = self._targets  # the padding setter swaps in an empty dict
-        if (dims, rows) not in targets:
-            targets[(dims, rows)] = self._padding.target_rows(dims, rows)
-        return targets[(dims, rows)]
-
     def close(self) -> None:
         """Take no new requests, run every queued one, stop the workers."""
         with self._cond:
@@ -335,7 +326,7 @@ class Batcher:
         for request in live:
             request.queued_s = now - request.arrived
         rows = sum(r.rows for r in live)
-        target = self._target(live[0].dims, rows) if self.scheduler.stackable else rows
+        target = self._padding.target_rows(live[0].dims, rows) if self.scheduler.stackable else rows
         start = time.perf_counter()
         try:
             outputs = self.session.run(self._stack(live, target)) if len(live) > 1 or target != rows \

@@ -30,6 +30,7 @@ class PaddingPlan:
     named: dict[Dims, list[tuple[int, float]]] = field(default_factory=dict)
     other_factor: float = 1.0
     other: dict[Dims, list[tuple[int, float]]] = field(default_factory=dict)
+    _targets: dict[tuple[Dims, int], int] = field(default_factory=dict, compare=False, repr=False)
 
     def estimate_us(self, dims: Dims, rows: int) -> float | None:
         """The recorded latency at a named `rows`; else one interpolated from the latencies of the backend that
@@ -57,7 +58,13 @@ class PaddingPlan:
         return single is None or stacked is None or rows < 2 or stacked < rows * single
 
     def target_rows(self, dims: Dims, rows: int) -> int:
-        """The rows to run `rows` stacked rows as: the smallest named rows above when recorded faster, else `rows`."""
+        """The rows to run `rows` stacked rows as: the smallest named rows above when recorded faster, else `rows`.
+        Kept per (bucket, rows): the batcher asks on every run, and the plan never changes."""
+        if (dims, rows) not in self._targets:
+            self._targets[(dims, rows)] = self._target_rows(dims, rows)
+        return self._targets[(dims, rows)]
+
+    def _target_rows(self, dims: Dims, rows: int) -> int:
         points = self.named.get(dims, [])
         above = [(r, p50) for r, p50 in points if r >= rows]
         if not above or above[0][0] == rows:
