@@ -185,6 +185,47 @@ def test_triton_gets_the_ir_for_its_openvino_backend(model_dir: Path) -> None:
     assert "triton/tiny-heads_policy_openvino/1/model.bin" in files
 
 
+def _linear_onnx(path: Path, op: str = "MatMul") -> np.ndarray:
+    """x[batch, 4] @ W + b as an ONNX file (`op` replaces MatMul, to make one no frontend converts); returns W."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
+    nodes = [helper.make_node(op, ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.ones(3, np.float32), "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return weight
+
+
+def test_the_ir_comes_from_the_onnx_frontend_alone_with_the_profiles_bounds(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """ovc's `convert_model` adds graph passes that cost every conversion (so every refit) 150-250 ms and change no
+    output: the frontend's graph, reshaped to the bounds, is what the CPU plugin compiles."""
+    from rlopt.backends.openvino.convert import convert_ir
+    from rlopt.backends.openvino.library import shared_core
+
+    monkeypatch.setattr(ov, "convert_model", lambda *a, **k: pytest.fail("ovc's convert_model was called"))
+    weight = _linear_onnx(tmp_path / "model.onnx")
+    convert_ir(tmp_path / "model.onnx", tmp_path / "model.xml", {"x": [[1, 8], [4, 4]]})
+    model = shared_core().read_model(str(tmp_path / "model.xml"))
+    assert str(model.input(0).get_partial_shape()) == "[1..8,4]"
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    compiled = shared_core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})  # bf16 where the CPU has it
+    result = compiled.create_infer_request().infer({"x": x})
+    np.testing.assert_allclose(next(iter(result.values())), x @ weight + 1.0, rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_the_frontend_cannot_convert_skips_the_backend_naming_it(tmp_path: Path) -> None:
+    from rlopt.backends.openvino.convert import convert_ir
+
+    _linear_onnx(tmp_path / "model.onnx", op="NoSuchOpAnywhere")
+    with pytest.raises(BackendUnavailable, match=r"ONNX frontend cannot convert NoSuchOpAnywhere"):
+        convert_ir(tmp_path / "model.onnx", tmp_path / "model.xml", {"x": [[1, 8], [4, 4]]})
+    assert not (tmp_path / "model.xml").exists()
+
+
 @pytest.mark.slow  # an extra OpenVINO compile; the all-backend compile above stays in the default run
 def test_refit_converts_the_refitted_graph_again(model_dir: Path, tmp_path: Path) -> None:
     from tests.refit.conftest import perturbed_state, save_state, tiny_model

@@ -1,9 +1,11 @@
 """Stage work: the exported ONNX graph converted to an OpenVINO IR (`model.xml` + `model.bin`), proven to compile.
 
-`openvino.convert_model` keeps every dim the recipe leaves dynamic as a bounded dimension (min..max), so the CPU
-plugin sees the profile's range; the IR is saved uncompressed (fp32 weights: the precision is a runtime hint,
-`INFERENCE_PRECISION_HINT`, applied where the CPU has it). The refit hook calls `convert_ir` again on the
-refitted graph with the bounds recorded here.
+OpenVINO's ONNX frontend reads the graph (`Core.read_model`) and every dim the recipe leaves dynamic is reshaped to a
+bounded dimension (min..max), so the CPU plugin sees the profile's range; the IR is saved uncompressed (fp32
+weights: the precision is a runtime hint, `INFERENCE_PRECISION_HINT`, applied where the CPU has it). The refit hook
+calls `convert_ir` again on the refitted graph with the bounds recorded here, so its speed is refit's: `ovc`'s
+`convert_model` adds its own graph passes, which took 150-250 ms of each conversion and changed neither an output
+bit nor the compiled model's speed (the CPU plugin runs its own passes when it compiles; docs/refit.md).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ def convert_ir(onnx_path: Path, xml_path: Path, bounds: dict[str, list[list[int]
     shapes = [(name, ov.PartialShape([ov.Dimension(lo, hi) if lo != hi else ov.Dimension(lo) for lo, hi in dims]))
               for name, dims in bounds.items()]
     try:
-        model = ov.convert_model(str(onnx_path), input=shapes)
-    except Exception as exc:  # OpConversionFailure, ovc's Error, RuntimeError: the frontends raise many types
+        model = shared_core().read_model(str(onnx_path))
+        model.reshape(dict(shapes))
+    except Exception as exc:  # OpConversionFailure, RuntimeError: the frontends raise many types
         text = str(exc)
         if NO_RULE in text:
             ops = text.split(NO_RULE, 1)[1].strip().splitlines()[0]
