@@ -19,6 +19,9 @@ from rlopt.facts import ArtifactFacts
 Table = Mapping[str, Mapping[str, float]]  # candidate -> shape label -> median latency in us
 
 
+POOL_WORTH_US = 100.0  # one thread's CPU time per call from which a pool can gain: below it, a pool's edge is noise
+
+
 def clearly_faster(challenger: float, holder: float, margin: float) -> bool:
     """Whether `challenger` beats `holder` by more than `margin` (challenger x (1 + margin) < holder): how `auto`
     lets one configuration or backend replace another at a shape, so timing noise alone never does."""

@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from rlopt.backends.capability import Table, TunedRoute, clearly_faster
+from rlopt.backends.capability import POOL_WORTH_US, Table, TunedRoute, clearly_faster
 from rlopt.backends.onnxruntime.facts import SECOND_SESSION_MAX_BYTES, OnnxRuntimeFacts
 from rlopt.facts import OTHER
 
 ONE_THREAD = "1 thread"  # the configuration: one intra-op thread, no pool to spin or to wake
 POOL = ""  # the artifact's own configuration: ONNX Runtime's default pool
 NOISE = 0.05  # one configuration's worst shape must be this much worse to move a graph too large for two sessions
-POOL_WORTH_US = 100.0  # one thread's CPU time per call from which a pool can gain: a tie there goes to the pool
 
 
 def _worst_ratio(slow: Mapping[str, float], fast: Mapping[str, float]) -> tuple[float, str]:
