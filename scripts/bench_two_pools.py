@@ -23,14 +23,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import SPIN  # noqa: E402 -- the bench's busy condition (scripts/ is on sys.path when run)
+from bench import condition_of  # noqa: E402 -- the bench's quiet and busy conditions (scripts/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {  # small shape's backend, large shape's, ONNX Runtime spinning, calls per turn
     "onnxruntime": ("onnxruntime", "onnxruntime", True, 1), "openvino": ("openvino", "openvino", True, 1),
     "two pools": ("onnxruntime", "openvino", True, 1), "two pools, ORT asleep": ("onnxruntime", "openvino", False, 1),
     "two pools, blocks": ("onnxruntime", "openvino", True, 30)}
-CONDITIONS = {"quiet": None, "busy": [SPIN]}
+CONDITIONS = ["quiet", "busy"]
 
 CASE = r"""
 import json, os, sys, time
@@ -78,24 +78,18 @@ def main() -> int:
     parser.add_argument("--small", default="opt", choices=["min", "opt", "max"])
     parser.add_argument("--large", default="max", choices=["min", "opt", "max"])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--condition", action="append", choices=list(CONDITIONS))
+    parser.add_argument("--condition", action="append", choices=CONDITIONS)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     results: dict[str, Any] = {"model_dir": str(args.model_dir), "network": args.network, "rounds": args.rounds,
                                "small": args.small, "large": args.large, "conditions": {}}
-    for condition in args.condition or list(CONDITIONS):
-        spinning = CONDITIONS[condition]
-        spinner = None if spinning is None else subprocess.Popen([sys.executable, "-c", *spinning])
-        try:
-            samples: dict[str, dict[str, list[float]]] = {m: {args.small: [], args.large: []} for m in MODES}
+    for condition in args.condition or CONDITIONS:
+        samples: dict[str, dict[str, list[float]]] = {m: {args.small: [], args.large: []} for m in MODES}
+        with condition_of(condition):
             for _ in range(args.rounds):
                 for mode in MODES:
                     for point, us in one_case(args.model_dir, args.network, args.small, args.large, mode).items():
                         samples[mode][point].append(us)
-        finally:
-            if spinner is not None:
-                spinner.kill()
-                spinner.wait()
         table = {m: {p: round(statistics.median(v), 1) for p, v in points.items()} for m, points in samples.items()}
         results["conditions"][condition] = table
         for mode, medians in table.items():
