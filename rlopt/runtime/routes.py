@@ -170,7 +170,8 @@ def choose_route(alone: Table, together: Table | None, points: list[str], order:
 
     def ties(name: str, point: str, holder: str) -> bool:
         """A one-thread call under POOL_WORTH_US, not clearly slower than the holder's pool there (wall time: the
-        holder's faster figure against its slower one; CPU time against the holder's one-thread configuration)."""
+        holder's faster figure against the companion's slower one; CPU time against the holder's one-thread
+        configuration)."""
         if point in pools.get(name, ()) or not pooled(holder, point):
             return False
         mine = cpu.get(name, {}).get(point)
