@@ -34,7 +34,7 @@ os.setsid()
 import numpy, onnx, onnxruntime, torch, tvm
 import rlopt.cli, rlopt.compile.driver, rlopt.compile.network, rlopt.user_model
 import rlopt.compile.apart, rlopt.compile.latency, rlopt.compile.route_passes
-rlopt.compile.latency.TIMING_BUDGET_S, rlopt.compile.route_passes.PASS_BUDGET_S = 0.02, 0.25  # conftest.QUICK_TIMING
+rlopt.compile.latency.TIMING_BUDGET_S, rlopt.compile.route_passes.PASS_BUDGET_S = 0.02, 0.05  # conftest.QUICK_TIMING
 rlopt.compile.apart.ENABLED = False
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 print("ready", os.getpid(), flush=True)

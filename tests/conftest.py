@@ -69,7 +69,7 @@ def private_stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-QUICK_TIMING = {"rlopt.compile.latency.TIMING_BUDGET_S": 0.02, "rlopt.compile.route_passes.PASS_BUDGET_S": 0.25,
+QUICK_TIMING = {"rlopt.compile.latency.TIMING_BUDGET_S": 0.02, "rlopt.compile.route_passes.PASS_BUDGET_S": 0.05,
                 "rlopt.compile.apart.ENABLED": False}
 
 

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,11 +133,14 @@ def kept_workers(start: bool = False) -> Iterator[None]:
 
 def apart_rounds(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
                  estimates_us: Table | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
-                 keep: bool = False, seed: int = 0, min_rounds: int = 1) -> Rounds:
+                 keep: bool = False, seed: int = 0, min_rounds: int = 1,
+                 alongside: Mapping[str, RoundOf] | None = None) -> Rounds:
     """Each subject opened alone in a worker of its own and timed in interleaved rounds (`drive_rounds`: each round
-    visits the workers in shuffled order; a worker times one block per shape label, the others frozen). `keep`: the
-    workers keep their subjects open for the next call with the same ones (until `release_apart`). RuntimeError
-    with the reason in one line when a worker fails."""
+    visits the workers in shuffled order; a worker times one block per shape label, the others frozen). `alongside`:
+    subjects timed in this process, visited in the same rounds (keys apart from `subjects`'), so that a worker's
+    figures and theirs come from the same moments of the host. `keep`: the workers keep their subjects open for the
+    next call with the same ones (until `release_apart`). RuntimeError with the reason in one line when a worker
+    fails."""
     assert record.reference is not None
     common = {"staging": str(staging), "record": record.model_dump(mode="json"), "labels": labels,
               "reference": str(staging / record.reference.path), "estimates_us": estimates_us or {}}
@@ -153,7 +156,8 @@ def apart_rounds(staging: Path, record: NetworkRecord, subjects: Subjects, label
                     return {label: Block(wall, cpu, calls) for label, (wall, cpu, calls) in timed.items()}
                 return blocks
 
-            result = drive_rounds({k: round_of(w) for k, w in workers.items()}, rounds, budget_s, min_rounds, seed)
+            timed = {**{k: round_of(w) for k, w in workers.items()}, **(alongside or {})}
+            result = drive_rounds(timed, rounds, budget_s, min_rounds, seed)
             if not keep:
                 for worker in workers.values():
                     worker.ask({"release": True})

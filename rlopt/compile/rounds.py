@@ -141,7 +141,7 @@ class Rounds:
                 for k, cells in self.calls.items()}
 
 
-RoundOf = Callable[[], dict[str, Block]]  # one subject's blocks of one round, per shape label
+RoundOf = Callable[[], dict[Any, Block]]  # one subject's blocks of one round, per shape label (or per cell)
 
 
 def drive_rounds(subjects: dict[str, RoundOf], rounds: int = ROUNDS, budget_s: float = BUDGET_S,
@@ -161,6 +161,25 @@ def drive_rounds(subjects: dict[str, RoundOf], rounds: int = ROUNDS, budget_s: f
     return result
 
 
+def configuration_rounds(configurations: dict[str, Cells], estimates_us: Table | None = None,
+                         seed: int = 0) -> dict[str, RoundOf]:
+    """Each configuration as one subject of `drive_rounds`: its cells' blocks in shuffled order (`one_round`, keyed
+    by cell), then SETTLE_S, so that the pools of one configuration stop spinning before the next one's calls. Each
+    cell warmed and its block size set first (`block_counts`)."""
+    rng = random.Random(seed)
+
+    def round_of(cells: Cells) -> RoundOf:
+        counts = block_counts(cells, estimates_us)
+
+        def blocks() -> dict[Any, Block]:
+            timed = one_round(cells, counts, rng)
+            time.sleep(SETTLE_S)
+            return dict(timed)
+        return blocks
+
+    return {config: round_of(cells) for config, cells in configurations.items()}
+
+
 def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, seed: int = 0,
                         estimates_us: Table | None = None,
                         budget_s: float = BUDGET_S) -> tuple[Medians, Medians, int]:
@@ -173,25 +192,8 @@ def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, 
     GAP_S idle, one untimed call and up to BURST_CALLS timed ones (`estimates_us[backend][shape]` cuts a slow
     call's block to CELL_BUDGET_S; default: one timed call per cell). The idle gap is why: calls back to back time a
     warm loop the bench never runs, and flatter a thread pool whose workers are still spinning from the last call."""
-    rng = random.Random(seed)
-    counts = {config: block_counts(cells, estimates_us) for config, cells in configurations.items()}
-    walls: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
-                                                           for c, cells in configurations.items()}
-    cpus: dict[str, dict[tuple[str, str], list[float]]] = {c: {k: [] for k in cells}
-                                                          for c, cells in configurations.items()}
-    deadline, done = time.monotonic() + budget_s, 0
-    while done < rounds and (done == 0 or time.monotonic() < deadline):
-        for config in rng.sample(list(configurations), len(configurations)):
-            for cell, block in one_round(configurations[config], counts[config], rng).items():
-                walls[config][cell].append(block.wall)
-                cpus[config][cell].append(block.cpu)
-            time.sleep(SETTLE_S)
-        done += 1
-
-    def medians(samples: dict[str, dict[tuple[str, str], list[float]]]) -> Medians:
-        return {c: {k: float(np.median(v)) for k, v in cells.items()} for c, cells in samples.items()}
-
-    return medians(walls), medians(cpus), done
+    result = drive_rounds(configuration_rounds(configurations, estimates_us, seed), rounds, budget_s, 1, seed)
+    return result.medians(), result.medians(cpu=True), result.done  # type: ignore[return-value]
 
 
 Subjects = dict[str, tuple[str, dict[str, Any]]]  # key -> (backend, facts it is opened with)
@@ -272,5 +274,5 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
 
 __all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Block", "Call", "Cells", "Medians",
            "RoundOf", "Rounds", "Subjects", "alone_medians", "alone_rounds", "block_counts", "block_median",
-           "drive_rounds", "interleaved_medians", "one_round", "open_subject", "session_calls", "subject_cells",
+           "configuration_rounds", "drive_rounds", "interleaved_medians", "one_round", "open_subject", "session_calls", "subject_cells",
            "timed_block", "timed_calls"]

@@ -22,15 +22,15 @@ import numpy as np
 from rlopt.backends import BACKENDS, Runner, facts_of
 from rlopt.backends.capability import Table
 from rlopt.compile import apart
-from rlopt.compile.apart import apart_medians, release_apart
-from rlopt.compile.rounds import Cells, Subjects, interleaved_medians, open_subject, subject_cells
+from rlopt.compile.apart import apart_rounds, release_apart
+from rlopt.compile.rounds import Cells, Subjects, configuration_rounds, drive_rounds, open_subject, subject_cells
 from rlopt.errors import UsageError
 from rlopt.machine import OtherLoad
 from rlopt.manifest import NetworkRecord
 from rlopt.stages.base import Context
 
-ROUNDS = 8  # per pass
-PASS_BUDGET_S = 1.0  # no round of a pass starts after this long (here, and again in the worker)
+ROUNDS = 400  # per pass at most: the rounds go on until PASS_BUDGET_S is spent (`Measurement.measure`)
+PASS_BUDGET_S = 1.0  # no round of a pass starts after this long
 MIN_PASSES, MAX_PASSES = 2, 3
 PASSES_ENV = "RLOPT_ROUTE_PASSES"  # at most this many passes (1-3): a quicker compile whose route one pass decides
 CONTENDED = 0.25  # cores' worth of other processes' CPU (or hypervisor steal) that marks a pass as loaded
@@ -136,20 +136,27 @@ class Measurement:
         return self
 
     def measure(self) -> Pass:
-        alone, cpu, rounds = apart_medians(self.ctx.staging, self.record, self.fresh, self.labels,
-                                           self.estimates_us, self.budget_s, ROUNDS, keep=True) \
-            if self.fresh else ({}, {}, ROUNDS)
-        if not self.configurations:
-            return Pass(dict(alone), {}, dict(cpu), rounds)
-        walls, cpus, rounds_here = interleaved_medians(self.configurations, rounds=ROUNDS,
-                                                       estimates_us=self.estimates_us, budget_s=self.budget_s)
+        """One pass: the workers' subjects and this process's configurations visited in the same rounds, which go
+        on until the pass's budget is spent (at most ROUNDS): this host's speed moves in phases of 0.25-1 s, and a
+        pass of a tiny network's 8 rounds took 0.1 s, all inside one phase, with the workers' rounds and this
+        process's in two phases one after the other."""
+        here = configuration_rounds(self.configurations, self.estimates_us)
+        if self.fresh:
+            result = apart_rounds(self.ctx.staging, self.record, self.fresh, self.labels, self.estimates_us,
+                                  self.budget_s, ROUNDS, keep=True, alongside=here)
+        else:
+            result = drive_rounds(here, ROUNDS, self.budget_s)
+        walls, cpus = result.medians(), result.medians(cpu=True)
 
-        def table(medians: dict[str, dict[tuple[str, str], float]], config: str, keys: Sequence[str]) -> Table:
-            return {k: {label: round(medians[config.format(k)][k, label], 2) for label in self.labels} for k in keys}
+        def table(medians: Table, keys: Sequence[str], config: str | None = None) -> Table:
+            if config is None:  # a worker's subject: its figures per shape label
+                return {k: dict(medians[k]) for k in keys}
+            return {k: {label: medians[config.format(k)][k, label] for label in self.labels}  # type: ignore[index]
+                    for k in keys}
 
-        return Pass({**alone, **table(walls, "alone {}", list(self.here))},
-                    table(walls, "together", self.mixed) if self.mixed else {},
-                    {**cpu, **table(cpus, "alone {}", list(self.here))}, min(rounds, rounds_here))
+        return Pass({**table(walls, list(self.fresh)), **table(walls, list(self.here), "alone {}")},
+                    table(walls, self.mixed, "together") if self.mixed else {},
+                    {**table(cpus, list(self.fresh)), **table(cpus, list(self.here), "alone {}")}, result.done)
 
     def __exit__(self, *exc: object) -> None:
         for runner in self.opened:

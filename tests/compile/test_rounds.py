@@ -186,15 +186,24 @@ def test_rounds_visit_every_subject_take_the_minimum_and_keep_every_call(monkeyp
 
 def test_each_backend_is_timed_in_a_worker_of_its_own_for_the_manifest(tiny_compiled: Path) -> None:
     from rlopt.compile.apart import apart_rounds
+    from rlopt.compile.rounds import Block
 
     record = read_manifest(tiny_compiled).networks["policy"]
     labels = {"min": "min", "opt": "opt", "max": "max"}
     subjects = {b: (b, record.artifacts[b].facts.as_dict()) for b in ("onnxruntime", "torchscript")}
+    visits: list[int] = []
+
+    def here() -> dict[str, Block]:  # a subject timed in this process, in the same rounds as the workers'
+        visits.append(len(visits))
+        return {"opt": Block(7.0, 7.0, [7.0])}
+
     with kept_workers():
-        rounds = apart_rounds(tiny_compiled, record, subjects, labels, budget_s=0.0, rounds=15, min_rounds=5)
+        rounds = apart_rounds(tiny_compiled, record, subjects, labels, budget_s=0.0, rounds=15, min_rounds=5,
+                              alongside={"alone here": here})
         pids = [p.popen.pid for p in _Workers.processes]
         assert len(set(pids)) == 2 and os.getpid() not in pids and all(_stopped(pid) for pid in pids)
-    assert rounds.done == 5
+    assert rounds.done == 5 and len(visits) == 5 and rounds.medians()["alone here"] == {"opt": 7.0}
+    del rounds.walls["alone here"], rounds.calls["alone here"]
     p50, p99 = rounds.medians(), rounds.p99()
     assert set(p50) == set(subjects) and all(set(p50[b]) == set(labels) for b in subjects)
     assert all(0 < p50[b][p] <= p99[b][p] < 1e6 and len(rounds.calls[b][p]) >= 5 for b in subjects for p in labels)
