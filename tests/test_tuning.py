@@ -276,6 +276,19 @@ def test_unreadable_database_is_one_located_error(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- compile and runtime (untuned database)
 
+def test_the_tvm_stage_line_names_the_recipe_compiled_now() -> None:
+    from types import SimpleNamespace
+
+    from rlopt.backends.tvm.facts import TvmFacts
+    from rlopt.backends.tvm.stages import TvmBuild
+    from rlopt.stages.base import StageOutput
+
+    out = StageOutput(Path("net/tvm"), TvmFacts(tuning_summary="tuned 0/1 shapes; no record for min 1x4: run "
+                                                               "'rlopt tune RECIPE'"))
+    line = TvmBuild.detail(None, SimpleNamespace(recipe_path=Path("/here/recipe.yaml")), out)  # type: ignore
+    assert line == "tvm (tuned 0/1 shapes; no record for min 1x4: run 'rlopt tune /here/recipe.yaml')"
+
+
 def test_compile_builds_a_static_library_per_shape_and_records_every_file(tiny_compiled: Path) -> None:
     tvm_record = read_manifest(tiny_compiled).networks["policy"].artifacts["tvm"]
     facts = tvm_record.facts.as_dict()
@@ -288,7 +301,8 @@ def test_compile_builds_a_static_library_per_shape_and_records_every_file(tiny_c
         assert build["ifs_folded"] == 1
     assert facts["database"]["found"] is False and facts["tuned"] is False
     assert all(b["untuned_kernels"] for b in builds), "no database: every arithmetic kernel is listed as untuned"
-    assert "no record for" in facts["tuning_summary"]
+    assert "no record for" in facts["tuning_summary"] and "run 'rlopt tune RECIPE'" in facts["tuning_summary"]
+    assert str(tiny_compiled.parent) not in facts["tuning_summary"], "a cached build serves recipes at other paths"
     assert facts["variant_parity"]["dynamic"]["passed"] is True
     assert facts["num_threads"] >= 1 and facts["thread_latency_us"] == {}, "untuned kernels are serial: not timed"
 

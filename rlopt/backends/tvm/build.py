@@ -31,7 +31,7 @@ from rlopt.errors import BackendUnavailable, RecipeError, StageError, located
 from rlopt.lazy import require
 from rlopt.arrays import shape_label
 from rlopt.backends.tvm.config import TvmConfig
-from rlopt.backends.tvm.facts import TvmFacts
+from rlopt.backends.tvm.facts import TUNE_HINT, TvmFacts
 from rlopt.spec import NetworkSpec
 from rlopt.stages.base import StageOutput
 from rlopt.backends.tvm.importer import (fold_weight_layouts, fused_kernels, import_relax, scheduled_kernels,
@@ -317,7 +317,7 @@ def _build_all(pool: ThreadPoolExecutor, mod: Any, imported: dict[str, Any], mod
         "tuning_summary": (f"tuned {len(builds) - len(missing)}/{len(builds)} shapes"
                            + (f" with the {db_dir.name} database{' (borrowed)' if choice.borrowed else ''} "
                               f"({choice.reason})" if choice.found and db_dir.name != target_key(target_dict) else "")
-                           + (f"; no record for {', '.join(missing)}: run 'rlopt tune {recipe_path}'" if missing
+                           + (f"; no record for {', '.join(missing)}: run '{TUNE_HINT}'" if missing
                               else "") + _rules_summary(builds)),
     })
     return StageOutput(out_path, TvmFacts(**facts))

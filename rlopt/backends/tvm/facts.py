@@ -10,6 +10,7 @@ from rlopt.facts import ArtifactFacts, Facts
 from rlopt.files import FileRecord
 
 ShapeKey = tuple[tuple[int, ...], ...]
+TUNE_HINT = "rlopt tune RECIPE"  # in `tuning_summary`: a cached build serves recipes at other paths
 OTHER_SHAPES = {"padded": "zero-padded into the smallest bigger tuned library", "dynamic": "the dynamic library"}
 
 

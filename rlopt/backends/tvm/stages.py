@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from rlopt.backends.tvm.facts import TvmFacts
+from rlopt.backends.tvm.facts import TUNE_HINT, TvmFacts
 from rlopt.backends.tvm.schedules import MODULES as SCHEDULE_MODULES
 from rlopt.stages.base import Context, Stage, StageOutput
 
@@ -37,7 +37,8 @@ class _TvmStage(Stage):
 
     def detail(self, ctx: Context, out: StageOutput) -> str:
         name = out.artifact.name if out.artifact else ""
-        return name + (f" ({out.facts.tuning_summary})" if out.facts.tuning_summary else "")
+        summary = (out.facts.tuning_summary or "").replace(TUNE_HINT, f"rlopt tune {ctx.recipe_path}")
+        return name + (f" ({summary})" if summary else "")
 
 
 class TvmCudaBuild(_TvmStage):
