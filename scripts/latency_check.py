@@ -70,7 +70,8 @@ Key = tuple[str, str, str]  # network, backend, named shape
 def bench_medians(model_dir: Path, budget: float) -> dict[Key, tuple[float, Any]]:
     """`rlopt bench DIR`'s median (us) and shape per (network, `rlopt <backend>` candidate's backend, named shape)."""
     bench = _rlopt("bench", str(model_dir), "--budget", str(budget), "--no-flops", cwd=model_dir.parent)
-    return {(network["network"], r["candidate"].removeprefix("rlopt "), shape["point"]): (r["median_us"], shape["shape"])
+    return {(network["network"], r["candidate"].removeprefix("rlopt "), shape["point"]):
+            (r["median_us"], shape["shape"])
             for network in bench["networks"] for shape in network["shapes"] for r in shape["results"]
             if r["candidate"].startswith("rlopt ") and r["candidate"] != "rlopt auto"}
 

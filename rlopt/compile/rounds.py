@@ -274,5 +274,5 @@ def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, su
 
 __all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Block", "Call", "Cells", "Medians",
            "RoundOf", "Rounds", "Subjects", "alone_medians", "alone_rounds", "block_counts", "block_median",
-           "configuration_rounds", "drive_rounds", "interleaved_medians", "one_round", "open_subject", "session_calls", "subject_cells",
-           "timed_block", "timed_calls"]
+           "configuration_rounds", "drive_rounds", "interleaved_medians", "one_round", "open_subject", "session_calls",
+           "subject_cells", "timed_block", "timed_calls"]
