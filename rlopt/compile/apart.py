@@ -1,5 +1,5 @@
 """Subjects timed apart: each in a worker process of its own that opens only that subject, frozen between its
-requests, with the rounds driven from here so that the subjects' blocks interleave as `interleaved_medians` does.
+requests, with the rounds driven from here (`rounds.drive_rounds`), so that the subjects' blocks interleave.
 
 Why one process per subject, frozen: ONNX Runtime's pool threads spin for 30-50 ms after a call. Two pool sessions
 in one process (a configuration and its A/A twin) shared the cores with each other's spinning threads, so on
@@ -92,7 +92,7 @@ class _Process:
 
 
 class _Workers:
-    """The workers of `apart_medians`: started at the first measurement (or by `kept_workers(start=True)`), kept
+    """The workers of `apart_rounds`: started at the first measurement (or by `kept_workers(start=True)`), kept
     for the next ones inside `kept_workers`, all closed when the last such context ends."""
 
     processes: list[_Process] = []
@@ -115,7 +115,7 @@ class _Workers:
 
 @contextmanager
 def kept_workers(start: bool = False) -> Iterator[None]:
-    """Keep the workers of `apart_medians` for every measurement inside (a compile's networks and passes); they
+    """Keep the workers of `apart_rounds` for every measurement inside (a compile's networks and passes); they
     exit at the end, so no process outlives the compile. `start` starts one now: its interpreter and imports
     (0.5 s) then load while the compile's first stages run."""
     with _Workers.lock:
@@ -165,14 +165,6 @@ def apart_rounds(staging: Path, record: NetworkRecord, subjects: Subjects, label
             if not _Workers.kept:
                 _Workers.close()
     return result
-
-
-def apart_medians(staging: Path, record: NetworkRecord, subjects: Subjects, labels: dict[str, str],
-                  estimates_us: Table | None = None, budget_s: float = BUDGET_S, rounds: int = ROUNDS,
-                  keep: bool = False, seed: int = 0) -> tuple[Table, Table, int]:
-    """`apart_rounds`' wall and CPU medians per subject and label (us), and the rounds done."""
-    result = apart_rounds(staging, record, subjects, labels, estimates_us, budget_s, rounds, keep, seed)
-    return result.medians(), result.medians(cpu=True), result.done
 
 
 def _answer(answer: dict[str, Any], subjects: Subjects) -> dict[str, Any]:
@@ -261,4 +253,4 @@ def worker_main() -> None:
         out.flush()
 
 
-__all__ = ["ENABLED", "TIMEOUT_S", "apart_medians", "apart_rounds", "kept_workers", "release_apart", "worker_main"]
+__all__ = ["ENABLED", "TIMEOUT_S", "apart_rounds", "kept_workers", "release_apart", "worker_main"]

@@ -84,9 +84,6 @@ def block_median(call: Call, count: int) -> float:
     return timed_block(call, count)[0]
 
 
-Medians = dict[str, dict[tuple[str, str], float]]  # configuration -> (subject, shape label) -> us
-
-
 def block_counts(cells: Cells, estimates_us: Table | None = None) -> dict[tuple[str, str], int]:
     """Each cell warmed until steady (a fresh runner's first calls are not its speed: a JIT specializing, a pool
     starting; a Session binds its per-thread call on the second call of a signature), then its timed calls per
@@ -164,8 +161,14 @@ def drive_rounds(subjects: dict[str, RoundOf], rounds: int = ROUNDS, budget_s: f
 def configuration_rounds(configurations: dict[str, Cells], estimates_us: Table | None = None,
                          seed: int = 0) -> dict[str, RoundOf]:
     """Each configuration as one subject of `drive_rounds`: its cells' blocks in shuffled order (`one_round`, keyed
-    by cell), then SETTLE_S, so that the pools of one configuration stop spinning before the next one's calls. Each
-    cell warmed and its block size set first (`block_counts`)."""
+    by cell: in a mixed configuration, calls switch backends as a mixed session's do), then SETTLE_S, so that the
+    pools of one configuration stop spinning before the next one's calls. Each cell warmed and its block size set
+    first (`block_counts`).
+
+    A block is the bench protocol's: after GAP_S idle, one untimed call and up to BURST_CALLS timed ones
+    (`estimates_us[backend][shape]` cuts a slow call's block to CELL_BUDGET_S; default: one timed call per cell).
+    The idle gap is why: calls back to back time a warm loop the bench never runs, and flatter a thread pool whose
+    workers are still spinning from the last call."""
     rng = random.Random(seed)
 
     def round_of(cells: Cells) -> RoundOf:
@@ -180,22 +183,6 @@ def configuration_rounds(configurations: dict[str, Cells], estimates_us: Table |
     return {config: round_of(cells) for config, cells in configurations.items()}
 
 
-def interleaved_medians(configurations: dict[str, Cells], rounds: int = ROUNDS, seed: int = 0,
-                        estimates_us: Table | None = None,
-                        budget_s: float = BUDGET_S) -> tuple[Medians, Medians, int]:
-    """Per configuration and (backend, shape) cell: the median over rounds of each round's block median, the
-    median over rounds of the calling thread's CPU time per call (`timed_block`), and the rounds done (at least
-    one; no round starts once `budget_s` is spent).
-
-    Each round visits the configurations in shuffled order, and a configuration's cells in shuffled order (in a
-    mixed configuration, calls switch backends as a mixed session's do). A block is the bench protocol's: after
-    GAP_S idle, one untimed call and up to BURST_CALLS timed ones (`estimates_us[backend][shape]` cuts a slow
-    call's block to CELL_BUDGET_S; default: one timed call per cell). The idle gap is why: calls back to back time a
-    warm loop the bench never runs, and flatter a thread pool whose workers are still spinning from the last call."""
-    result = drive_rounds(configuration_rounds(configurations, estimates_us, seed), rounds, budget_s, 1, seed)
-    return result.medians(), result.medians(cpu=True), result.done  # type: ignore[return-value]
-
-
 Subjects = dict[str, tuple[str, dict[str, Any]]]  # key -> (backend, facts it is opened with)
 
 
@@ -207,8 +194,8 @@ def open_subject(staging: Path, record: NetworkRecord, backend: str, facts: dict
 
 
 class AloneSet:
-    """Subjects opened alone (an `alone <key>` configuration each), kept open for several timings: `time` runs
-    interleaved rounds over them, `close` closes every runner."""
+    """Subjects opened alone (an `alone <key>` configuration each), kept open for several rounds (a worker's, or
+    `alone_rounds`'); `close` closes every runner."""
 
     def __init__(self, staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
                  labels: dict[str, str]) -> None:
@@ -223,18 +210,6 @@ class AloneSet:
         except BaseException:
             self.close()
             raise
-
-    def time(self, estimates_us: Table | None = None, budget_s: float = BUDGET_S,
-             rounds: int = ROUNDS) -> tuple[Table, Table, int]:
-        """us per shape label per key (wall, and the calling thread's CPU time per call), and the rounds done."""
-        walls, cpus, done = interleaved_medians(self.configurations, rounds=rounds, estimates_us=estimates_us,
-                                                budget_s=budget_s)
-
-        def table(medians: Medians) -> Table:
-            return {k: {label: round(medians[f"alone {k}"][k, label], 2) for label in self.labels}
-                    for k in self.subjects}
-
-        return table(walls), table(cpus), done
 
     def close(self) -> None:
         for runner in self.opened:
@@ -261,18 +236,7 @@ def alone_rounds(staging: Path, record: NetworkRecord, reference: Reference, sub
         opened.close()
 
 
-def alone_medians(staging: Path, record: NetworkRecord, reference: Reference, subjects: Subjects,
-                  labels: dict[str, str], estimates_us: Table | None = None,
-                  budget_s: float = BUDGET_S) -> tuple[Table, Table, int]:
-    """Each subject opened alone and timed in interleaved rounds, in this process (`AloneSet`, closed after)."""
-    opened = AloneSet(staging, record, reference, subjects, labels)
-    try:
-        return opened.time(estimates_us, budget_s)
-    finally:
-        opened.close()
-
-
-__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Block", "Call", "Cells", "Medians",
-           "RoundOf", "Rounds", "Subjects", "alone_medians", "alone_rounds", "block_counts", "block_median",
-           "configuration_rounds", "drive_rounds", "interleaved_medians", "one_round", "open_subject", "session_calls",
+__all__ = ["BUDGET_S", "CELL_BUDGET_S", "ROUNDS", "SETTLE_S", "AloneSet", "Block", "Call", "Cells",
+           "RoundOf", "Rounds", "Subjects", "alone_rounds", "block_counts", "block_median",
+           "configuration_rounds", "drive_rounds", "one_round", "open_subject", "session_calls",
            "subject_cells", "timed_block", "timed_calls"]

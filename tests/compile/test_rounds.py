@@ -11,9 +11,9 @@ import os
 
 from rlopt.compile import apart
 from rlopt.compile.auto import named_shapes
-from rlopt.compile.apart import _Workers, apart_medians, kept_workers, release_apart
+from rlopt.compile.apart import _Workers, apart_rounds, kept_workers, release_apart
 from rlopt.compile.route_passes import AA, Measurement
-from rlopt.compile.rounds import interleaved_medians
+from rlopt.compile.rounds import configuration_rounds, drive_rounds
 from rlopt.manifest import read_manifest
 from rlopt.tools.bench.candidates import load_reference
 
@@ -45,20 +45,22 @@ class FakeClock:
         return call
 
 
-def test_interleaved_medians_time_every_cell_of_every_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configuration_rounds_time_every_cell_of_every_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlopt.compile import rounds as rounds_module
 
     clock = FakeClock()
     monkeypatch.setattr(rounds_module, "time", clock)
     configurations = {"alone a": {("a", "s"): clock.costing(900, 900, 200)},  # the first calls are not its speed
                       "together": {("a", "s"): clock.costing(200), ("b", "s"): clock.costing(1000)}}
-    medians, cpu, rounds = interleaved_medians(configurations, rounds=3)
-    assert rounds == 3
+    result = drive_rounds(configuration_rounds(configurations), rounds=3)
+    assert result.done == 3
+    medians = result.medians()
     assert medians == {"alone a": {("a", "s"): 200.0}, "together": {("a", "s"): 200.0, ("b", "s"): 1000.0}}
-    assert cpu == medians, "the calling thread's CPU time per call, where the call is all it spends"
+    assert result.medians(cpu=True) == medians, \
+        "the calling thread's CPU time per call, where the call is all it spends"
     slow = {"c": {("a", "s"): clock.costing(20_000)}}
-    _, _, rounds = interleaved_medians(slow, rounds=5, estimates_us={"a": {"s": 20_000.0}}, budget_s=0.01)
-    assert rounds == 1, "no round starts once the budget is spent, but one always runs"
+    result = drive_rounds(configuration_rounds(slow, estimates_us={"a": {"s": 20_000.0}}), rounds=5, budget_s=0.01)
+    assert result.done == 1, "no round starts once the budget is spent, but one always runs"
 
 
 def _state(pid: int) -> str:
@@ -85,7 +87,8 @@ def test_each_onnx_runtime_configuration_is_timed_in_a_process_of_its_own(tiny_c
                 "onnxruntime 1 thread": ("onnxruntime", {**facts, "intra_op_threads": 1}),
                 "onnxruntime (A/A)": ("onnxruntime", facts)}
     with kept_workers():
-        alone, cpu, rounds = apart_medians(tiny_compiled, record, subjects, labels, rounds=3)
+        result = apart_rounds(tiny_compiled, record, subjects, labels, rounds=3)
+        alone, cpu, rounds = result.medians(), result.medians(cpu=True), result.done
         pids = [p.popen.pid for p in _Workers.processes]
         assert len(set(pids)) == 3 and os.getpid() not in pids, "one worker per subject"
         assert all(_stopped(pid) for pid in pids), "frozen between their requests"
@@ -112,12 +115,12 @@ def test_a_worker_keeps_its_subject_for_the_next_pass_until_released(tiny_compil
     labels = named_shapes(record, load_reference(tiny_compiled, record))
     subjects = {"onnxruntime": ("onnxruntime", record.artifacts["onnxruntime"].facts.as_dict())}
     with kept_workers():
-        first = apart_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
+        first = apart_rounds(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
         worker = _Workers.processes[0]
-        second = apart_medians(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
+        second = apart_rounds(tiny_compiled, record, subjects, labels, rounds=2, keep=True)
         release_apart()
         assert _Workers.processes == [worker] and worker.alive(), "the worker lives on"
-    assert first[2] == second[2] == 2 and set(first[0]) == set(second[0]) == {"onnxruntime"}
+    assert first.done == second.done == 2 and set(first.medians()) == set(second.medians()) == {"onnxruntime"}
     assert _Workers.processes == [] and not worker.alive(), "and exits with the last kept_workers"
 
 
@@ -127,7 +130,7 @@ def test_a_fresh_process_that_fails_says_why_in_one_line(tiny_compiled: Path, tm
     (tmp_path / "policy").mkdir()
     (tmp_path / "policy" / "reference.npz").write_bytes((tiny_compiled / record.reference.path).read_bytes())
     with pytest.raises(RuntimeError) as raised:  # the artifact is not in tmp_path
-        apart_medians(tmp_path, record, {"onnxruntime": ("onnxruntime", {})}, labels)
+        apart_rounds(tmp_path, record, {"onnxruntime": ("onnxruntime", {})}, labels)
     message = str(raised.value)
     assert message.startswith("timing onnxruntime in a fresh process failed: ") and "\n" not in message
 
@@ -185,7 +188,6 @@ def test_rounds_visit_every_subject_take_the_minimum_and_keep_every_call(monkeyp
 
 
 def test_each_backend_is_timed_in_a_worker_of_its_own_for_the_manifest(tiny_compiled: Path) -> None:
-    from rlopt.compile.apart import apart_rounds
     from rlopt.compile.rounds import Block
 
     record = read_manifest(tiny_compiled).networks["policy"]
@@ -203,9 +205,8 @@ def test_each_backend_is_timed_in_a_worker_of_its_own_for_the_manifest(tiny_comp
         pids = [p.popen.pid for p in _Workers.processes]
         assert len(set(pids)) == 2 and os.getpid() not in pids and all(_stopped(pid) for pid in pids)
     assert rounds.done == 5 and len(visits) == 5 and rounds.medians()["alone here"] == {"opt": 7.0}
-    del rounds.walls["alone here"], rounds.calls["alone here"]
     p50, p99 = rounds.medians(), rounds.p99()
-    assert set(p50) == set(subjects) and all(set(p50[b]) == set(labels) for b in subjects)
+    assert set(p50) == {*subjects, "alone here"} and all(set(p50[b]) == set(labels) for b in subjects)
     assert all(0 < p50[b][p] <= p99[b][p] < 1e6 and len(rounds.calls[b][p]) >= 5 for b in subjects for p in labels)
     assert _Workers.processes == [], "gone with the compile"
 
